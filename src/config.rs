@@ -1,0 +1,474 @@
+//! Configuration from the environment (PROTOCOL.md §1), parsed by a pure function so
+//! tests pass a map instead of mutating the process environment.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Why the configuration was refused. Printed as one line; the process exits 2.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("{var}: expected true or false, got {value:?}")]
+    Bool { var: &'static str, value: String },
+    #[error("{var}: expected a whole number, got {value:?}")]
+    Number { var: &'static str, value: String },
+    #[error("{var}: {reason}")]
+    Invalid { var: &'static str, reason: String },
+    #[error(
+        "AUTONOMIC_MANAGED=true needs a token: set AUTONOMIC_AUTH_TOKEN or AUTONOMIC_AUTH_TOKEN_FILE"
+    )]
+    MissingToken,
+}
+
+/// How the manager talks to the control plane in managed mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// One outbound WebSocket (the default).
+    Ws,
+    /// The legacy HTTP reporter (PROTOCOL.md §8).
+    Http,
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The deployment token. Its `Debug` shows only the prefix the dashboard shows, so a
+/// stray `{:?}` can never leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    pub fn new(value: impl Into<String>) -> Self {
+        Token(value.into().trim().to_owned())
+    }
+    /// The whole token, for the `Authorization` header only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    /// The first six characters: what logs and the dashboard may show.
+    pub fn prefix(&self) -> String {
+        self.0.chars().take(6).collect()
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Token({}…)", self.prefix())
+    }
+}
+
+/// A parsed platform URL. Only what the connector needs: scheme, authority, path prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BaseUrl {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    /// Path prefix without a trailing slash ("" for none).
+    pub path: String,
+}
+
+impl BaseUrl {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (tls, rest) = if let Some(r) = s.strip_prefix("https://") {
+            (true, r)
+        } else if let Some(r) = s.strip_prefix("http://") {
+            (false, r)
+        } else {
+            return Err(format!("{s:?} is not an http:// or https:// URL"));
+        };
+        if rest.contains(['?', '#']) {
+            return Err(format!("{s:?} must not carry a query or fragment"));
+        }
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        if authority.contains('@') {
+            return Err(format!("{s:?} must not carry credentials"));
+        }
+        let default_port = if tls { 443 } else { 80 };
+        let (host, port) = split_host_port(authority, default_port)
+            .ok_or_else(|| format!("{s:?} has no valid host[:port]"))?;
+        Ok(BaseUrl {
+            tls,
+            host,
+            port,
+            path: path.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// `<base>/api/autonomic/<endpoint>` as a ws:// or wss:// (or http(s) for §8) URL.
+    pub fn endpoint(&self, websocket: bool, endpoint: &str) -> String {
+        let scheme = match (websocket, self.tls) {
+            (true, true) => "wss",
+            (true, false) => "ws",
+            (false, true) => "https",
+            (false, false) => "http",
+        };
+        format!(
+            "{scheme}://{}{}/api/autonomic/{endpoint}",
+            self.authority(),
+            self.path
+        )
+    }
+
+    /// `host:port` as it goes on the wire (IPv6 in brackets).
+    pub fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+
+    pub fn is_loopback(&self) -> bool {
+        self.host.eq_ignore_ascii_case("localhost")
+            || self.host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    }
+}
+
+/// Splits `host[:port]` / `[v6][:port]`; `None` when malformed.
+fn split_host_port(authority: &str, default_port: u16) -> Option<(String, u16)> {
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let end = rest.find(']')?;
+        let host = &rest[..end];
+        host.parse::<std::net::Ipv6Addr>().ok()?;
+        match &rest[end + 1..] {
+            "" => (host, None),
+            p => (host, Some(p.strip_prefix(':')?)),
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    let valid_host = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'));
+    if !valid_host {
+        return None;
+    }
+    let port = match port {
+        None => default_port,
+        Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0)?,
+    };
+    Some((host.to_owned(), port))
+}
+
+/// Everything the manager reads from its environment.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub managed: bool,
+    pub base_url: BaseUrl,
+    pub token: Option<Token>,
+    pub token_file: Option<PathBuf>,
+    pub cluster_id: String,
+    pub transport: Transport,
+    pub ca_file: Option<PathBuf>,
+    pub https_proxy: Option<String>,
+    pub no_proxy: Option<String>,
+    pub allow_insecure: bool,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    pub eviction_delay: Duration,
+    pub welcome_timeout: Duration,
+    /// Image of the agentlet sidecar when an Agent names none.
+    pub agentlet_image: Option<String>,
+    /// Namespaces to watch; empty means all.
+    pub namespaces: Vec<String>,
+    pub probe_addr: SocketAddr,
+    pub leader_election: bool,
+    pub log_filter: String,
+    pub log_format: LogFormat,
+    /// Where the manager itself runs (downward API), for `hello` and the Lease.
+    pub pod_namespace: String,
+    pub pod_name: String,
+    pub node_name: String,
+    /// Concurrent shell sessions allowed on one connection.
+    pub max_sessions: usize,
+}
+
+pub const DEFAULT_BASE_URL: &str = "https://exo.adaptive.live";
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::parse(|k| std::env::var(k).ok())
+    }
+
+    /// Parses configuration from any variable source. Empty values count as unset.
+    pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let var = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+        let flag = |k: &'static str, default: bool| -> Result<bool, ConfigError> {
+            match var(k) {
+                None => Ok(default),
+                Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                    "true" | "1" | "yes" | "on" => Ok(true),
+                    "false" | "0" | "no" | "off" => Ok(false),
+                    _ => Err(ConfigError::Bool { var: k, value: v }),
+                },
+            }
+        };
+        let number = |k: &'static str, default: u64| -> Result<u64, ConfigError> {
+            match var(k) {
+                None => Ok(default),
+                Some(v) => v
+                    .trim()
+                    .parse()
+                    .map_err(|_| ConfigError::Number { var: k, value: v }),
+            }
+        };
+
+        let managed = flag("AUTONOMIC_MANAGED", false)?;
+        let allow_insecure = flag("AUTONOMIC_ALLOW_INSECURE", false)?;
+        let base_url_raw = var("AUTONOMIC_BASE_URL").unwrap_or_else(|| DEFAULT_BASE_URL.into());
+        let base_url =
+            BaseUrl::parse(base_url_raw.trim()).map_err(|reason| ConfigError::Invalid {
+                var: "AUTONOMIC_BASE_URL",
+                reason,
+            })?;
+        if !base_url.tls && !base_url.is_loopback() && !allow_insecure {
+            return Err(ConfigError::Invalid {
+                var: "AUTONOMIC_BASE_URL",
+                reason: format!(
+                    "plain http:// to {} would send the token unencrypted; use https:// or set AUTONOMIC_ALLOW_INSECURE=true",
+                    base_url.host
+                ),
+            });
+        }
+        let transport = match var("AUTONOMIC_TRANSPORT").as_deref().map(str::trim) {
+            None | Some("ws") => Transport::Ws,
+            Some("http") => Transport::Http,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    var: "AUTONOMIC_TRANSPORT",
+                    reason: format!("expected ws or http, got {other:?}"),
+                });
+            }
+        };
+        let token = var("AUTONOMIC_AUTH_TOKEN").map(Token::new);
+        let token_file = var("AUTONOMIC_AUTH_TOKEN_FILE").map(PathBuf::from);
+        if managed && token.is_none() && token_file.is_none() {
+            return Err(ConfigError::MissingToken);
+        }
+        let log_format = match var("AUTONOMIC_LOG_FORMAT").as_deref().map(str::trim) {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    var: "AUTONOMIC_LOG_FORMAT",
+                    reason: format!("expected json or text, got {other:?}"),
+                });
+            }
+        };
+        let probe_addr = match var("AUTONOMIC_PROBE_ADDR") {
+            None => SocketAddr::from(([0, 0, 0, 0], 8081)),
+            Some(v) => parse_listen_addr(v.trim()).ok_or_else(|| ConfigError::Invalid {
+                var: "AUTONOMIC_PROBE_ADDR",
+                reason: format!("expected [host]:port, got {v:?}"),
+            })?,
+        };
+        let namespaces: Vec<String> = var("AUTONOMIC_NAMESPACES")
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let pod_namespace = var("POD_NAMESPACE").unwrap_or_else(|| "default".into());
+        let pod_name = var("POD_NAME")
+            .or_else(|| var("HOSTNAME"))
+            .unwrap_or_else(|| "autonomic-manager".into());
+        let cluster_id =
+            var("AUTONOMIC_CLUSTER_ID").unwrap_or_else(|| format!("{pod_namespace}/{pod_name}"));
+        let backoff_initial = Duration::from_millis(number("AUTONOMIC_BACKOFF_INITIAL_MS", 1000)?);
+        let backoff_max = Duration::from_millis(number("AUTONOMIC_BACKOFF_MAX_MS", 60_000)?);
+        if backoff_initial.is_zero() || backoff_max < backoff_initial {
+            return Err(ConfigError::Invalid {
+                var: "AUTONOMIC_BACKOFF_MAX_MS",
+                reason: "the backoff needs 0 < initial <= max".into(),
+            });
+        }
+        Ok(Config {
+            managed,
+            base_url,
+            token,
+            token_file,
+            cluster_id,
+            transport,
+            ca_file: var("AUTONOMIC_CA_FILE").map(PathBuf::from),
+            https_proxy: var("HTTPS_PROXY").or_else(|| var("https_proxy")),
+            no_proxy: var("NO_PROXY").or_else(|| var("no_proxy")),
+            allow_insecure,
+            backoff_initial,
+            backoff_max,
+            eviction_delay: Duration::from_secs(number("AUTONOMIC_EVICTION_DELAY_S", 300)?),
+            welcome_timeout: Duration::from_secs(number("AUTONOMIC_WELCOME_TIMEOUT_S", 10)?),
+            agentlet_image: var("AUTONOMIC_AGENTLET_IMAGE"),
+            namespaces,
+            probe_addr,
+            leader_election: flag("AUTONOMIC_LEADER_ELECTION", false)?,
+            log_filter: var("AUTONOMIC_LOG").unwrap_or_else(|| "info".into()),
+            log_format,
+            pod_namespace,
+            pod_name,
+            node_name: var("NODE_NAME").unwrap_or_default(),
+            max_sessions: number("AUTONOMIC_MAX_SESSIONS", 16)? as usize,
+        })
+    }
+
+    /// Whether the manager watches this namespace.
+    pub fn watches(&self, namespace: &str) -> bool {
+        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
+    }
+}
+
+/// `:8081`, `0.0.0.0:8081`, `127.0.0.1:0`, `[::]:8081`.
+fn parse_listen_addr(s: &str) -> Option<SocketAddr> {
+    if let Some(port) = s.strip_prefix(':') {
+        return Some(SocketAddr::from(([0, 0, 0, 0], port.parse().ok()?)));
+    }
+    s.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::parse(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_are_unmanaged_and_need_nothing() {
+        let c = parse(&[]).unwrap();
+        assert!(!c.managed);
+        assert_eq!(c.transport, Transport::Ws);
+        assert_eq!(c.base_url.host, "exo.adaptive.live");
+        assert!(c.base_url.tls);
+        assert_eq!(c.probe_addr, "0.0.0.0:8081".parse().unwrap());
+        assert_eq!(c.backoff_initial, Duration::from_secs(1));
+        assert_eq!(c.backoff_max, Duration::from_secs(60));
+        assert_eq!(c.eviction_delay, Duration::from_secs(300));
+        assert_eq!(c.welcome_timeout, Duration::from_secs(10));
+        assert!(c.namespaces.is_empty());
+        assert!(c.watches("anything"));
+    }
+
+    #[test]
+    fn cluster_id_defaults_to_namespace_and_hostname() {
+        let c = parse(&[("POD_NAMESPACE", "autonomic-system"), ("HOSTNAME", "m-1")]).unwrap();
+        assert_eq!(c.cluster_id, "autonomic-system/m-1");
+        let c = parse(&[("AUTONOMIC_CLUSTER_ID", "prod-eu")]).unwrap();
+        assert_eq!(c.cluster_id, "prod-eu");
+    }
+
+    #[test]
+    fn refusals_name_the_variable() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[("AUTONOMIC_MANAGED", "maybe")], "AUTONOMIC_MANAGED"),
+            (&[("AUTONOMIC_BASE_URL", "ftp://x")], "AUTONOMIC_BASE_URL"),
+            (&[("AUTONOMIC_BASE_URL", "https://")], "AUTONOMIC_BASE_URL"),
+            (&[("AUTONOMIC_BASE_URL", "https://h:99999")], "AUTONOMIC_BASE_URL"),
+            (&[("AUTONOMIC_TRANSPORT", "grpc")], "AUTONOMIC_TRANSPORT"),
+            (&[("AUTONOMIC_MANAGED", "true")], "AUTONOMIC_AUTH_TOKEN"),
+            (
+                &[("AUTONOMIC_BASE_URL", "http://cp.example.com")],
+                "AUTONOMIC_ALLOW_INSECURE",
+            ),
+            (
+                &[("AUTONOMIC_BACKOFF_INITIAL_MS", "soon")],
+                "AUTONOMIC_BACKOFF_INITIAL_MS",
+            ),
+            (&[("AUTONOMIC_PROBE_ADDR", "nowhere")], "AUTONOMIC_PROBE_ADDR"),
+            (&[("AUTONOMIC_LOG_FORMAT", "xml")], "AUTONOMIC_LOG_FORMAT"),
+        ];
+        for (vars, needle) in cases {
+            let err = parse(vars).expect_err(needle).to_string();
+            assert!(err.contains(needle), "{err:?} should name {needle}");
+            assert!(!err.contains('\n'), "one line: {err:?}");
+        }
+    }
+
+    #[test]
+    fn plain_http_is_allowed_to_loopback_or_when_told() {
+        for url in [
+            "http://127.0.0.1:8080",
+            "http://localhost:1",
+            "http://[::1]:9/x",
+        ] {
+            parse(&[("AUTONOMIC_BASE_URL", url)]).expect(url);
+        }
+        parse(&[
+            ("AUTONOMIC_BASE_URL", "http://cp.internal"),
+            ("AUTONOMIC_ALLOW_INSECURE", "true"),
+        ])
+        .unwrap();
+    }
+
+    #[test]
+    fn managed_with_token_or_token_file() {
+        let c = parse(&[
+            ("AUTONOMIC_MANAGED", "true"),
+            ("AUTONOMIC_AUTH_TOKEN", " tok_abcdef123 \n"),
+        ])
+        .unwrap();
+        assert!(c.managed);
+        assert_eq!(c.token.as_ref().unwrap().expose(), "tok_abcdef123");
+        assert_eq!(c.token.as_ref().unwrap().prefix(), "tok_ab");
+        assert!(!format!("{c:?}").contains("tok_abcdef123"));
+        parse(&[
+            ("AUTONOMIC_MANAGED", "TRUE"),
+            ("AUTONOMIC_AUTH_TOKEN_FILE", "/var/run/token"),
+        ])
+        .unwrap();
+    }
+
+    #[test]
+    fn endpoint_keeps_prefix_without_doubling_slashes() {
+        let cases = [
+            (
+                "https://exo.adaptive.live",
+                "wss://exo.adaptive.live:443/api/autonomic/connect",
+            ),
+            (
+                "https://cp.example/platform/",
+                "wss://cp.example:443/platform/api/autonomic/connect",
+            ),
+            (
+                "http://127.0.0.1:9000/a/b//",
+                "ws://127.0.0.1:9000/a/b/api/autonomic/connect",
+            ),
+            (
+                "http://[::1]:9000",
+                "ws://[::1]:9000/api/autonomic/connect",
+            ),
+        ];
+        for (base, want) in cases {
+            assert_eq!(BaseUrl::parse(base).unwrap().endpoint(true, "connect"), want);
+        }
+        assert_eq!(
+            BaseUrl::parse("https://h/p").unwrap().endpoint(false, "report"),
+            "https://h:443/p/api/autonomic/report"
+        );
+    }
+
+    #[test]
+    fn namespaces_list() {
+        let c = parse(&[("AUTONOMIC_NAMESPACES", "a, b,,c ")]).unwrap();
+        assert_eq!(c.namespaces, ["a", "b", "c"]);
+        assert!(c.watches("b") && !c.watches("d"));
+    }
+}

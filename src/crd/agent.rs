@@ -1,0 +1,153 @@
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// An AI agent: one pod with the `agentlet` sidecar and the `runtime` container, plus a
+/// Secret `<agent>-agent` with its configuration.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "autonomic.sh",
+    version = "v1alpha1",
+    kind = "Agent",
+    namespaced,
+    status = "AgentStatus",
+    shortname = "ag",
+    category = "autonomic",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Pod","type":"string","jsonPath":".status.podName"}"#,
+    printcolumn = r#"{"name":"Runtime","type":"string","jsonPath":".spec.runtime.ref"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.message"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSpec {
+    /// The `runtime` container: an optional Runtime template plus field overrides.
+    #[serde(default)]
+    pub runtime: AgentRuntime,
+    /// The `agentlet` sidecar that connects the agent to the platform.
+    #[serde(default)]
+    pub agentlet: Agentlet,
+    /// Names of Tools in this namespace whose endpoints are handed to the agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
+    pub tools: Vec<String>,
+    /// Names of Memory stores in this namespace the agent may use.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
+    pub memory: Vec<String>,
+    /// Stop the agent: its pod is removed until this is false again.
+    #[serde(default)]
+    pub paused: bool,
+    /// What happens when a container exits: `Always` restarts it; with `OnFailure` or
+    /// `Never` the agent can finish as `Succeeded` or `Failed`.
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+    /// ServiceAccount the agent pod runs as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: Option<String>,
+}
+
+/// The agent's `runtime` container. Fields set here override the Runtime template's.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRuntime {
+    /// Name of a Runtime in the same namespace used as the template.
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub reference: Option<String>,
+    /// Container image; required here or in the Runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub image: Option<String>,
+    /// Entrypoint override.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub command: Option<Vec<String>>,
+    /// Arguments to the entrypoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub args: Option<Vec<String>>,
+    /// Environment variables; an entry here replaces the template's entry of the same name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub env: Option<Vec<EnvVar>>,
+    /// Compute resources of the runtime container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// The agentlet sidecar.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Agentlet {
+    /// Image; defaults to the manager's `AUTONOMIC_AGENTLET_IMAGE`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub image: Option<String>,
+}
+
+/// Pod restart policy of the agent.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum RestartPolicy {
+    #[default]
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl RestartPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestartPolicy::Always => "Always",
+            RestartPolicy::OnFailure => "OnFailure",
+            RestartPolicy::Never => "Never",
+        }
+    }
+}
+
+/// Lifecycle phase of an Agent.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum AgentPhase {
+    Pending,
+    Active,
+    Paused,
+    Error,
+    Terminating,
+    Succeeded,
+    Failed,
+}
+
+/// Observed state of an Agent, written by the manager.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    /// The `metadata.generation` this status describes.
+    pub observed_generation: Option<i64>,
+    pub phase: Option<AgentPhase>,
+    /// Human-readable detail of the phase; names what is missing or failing.
+    pub message: Option<String>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// The agent's pod.
+    pub pod_name: Option<String>,
+    /// When the pod started.
+    pub started_at: Option<Time>,
+    /// The Memory stores the agent uses, with the Secret that holds their connection data.
+    #[serde(default)]
+    pub memory_refs: Vec<MemoryRef>,
+    /// What the agent reports it is working on (from its pod's
+    /// `autonomic.sh/context-summary` annotation, capped at 4 KiB).
+    pub context_summary: Option<String>,
+}
+
+/// One Memory store used by an agent.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryRef {
+    pub name: String,
+    pub secret_name: Option<String>,
+    pub phase: Option<String>,
+}

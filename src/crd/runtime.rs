@@ -1,0 +1,64 @@
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A template for agents' `runtime` container. Reconciles into nothing by itself; a
+/// change rolls the agents that use it.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "autonomic.sh",
+    version = "v1alpha1",
+    kind = "Runtime",
+    namespaced,
+    status = "RuntimeStatus",
+    shortname = "rt",
+    category = "autonomic",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.image"}"#,
+    printcolumn = r#"{"name":"Agents","type":"integer","jsonPath":".status.agents"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeSpec {
+    /// Container image; a Runtime without one is `Invalid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub image: Option<String>,
+    /// Entrypoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub command: Option<Vec<String>>,
+    /// Arguments to the entrypoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub args: Option<Vec<String>>,
+    /// Environment variables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub env: Option<Vec<EnvVar>>,
+    /// Compute resources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// Validity of a Runtime.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RuntimePhase {
+    Ready,
+    Invalid,
+}
+
+/// Observed state of a Runtime, written by the manager.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeStatus {
+    pub observed_generation: Option<i64>,
+    pub phase: Option<RuntimePhase>,
+    pub message: Option<String>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// How many Agents in the namespace use this Runtime.
+    pub agents: Option<i64>,
+}

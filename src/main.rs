@@ -1,0 +1,3 @@
+fn main() {
+    print!("{}", autonomic_manager::crd::crds_yaml());
+}
