@@ -381,7 +381,10 @@ mod tests {
             (&[("AUTONOMIC_MANAGED", "maybe")], "AUTONOMIC_MANAGED"),
             (&[("AUTONOMIC_BASE_URL", "ftp://x")], "AUTONOMIC_BASE_URL"),
             (&[("AUTONOMIC_BASE_URL", "https://")], "AUTONOMIC_BASE_URL"),
-            (&[("AUTONOMIC_BASE_URL", "https://h:99999")], "AUTONOMIC_BASE_URL"),
+            (
+                &[("AUTONOMIC_BASE_URL", "https://h:99999")],
+                "AUTONOMIC_BASE_URL",
+            ),
             (&[("AUTONOMIC_TRANSPORT", "grpc")], "AUTONOMIC_TRANSPORT"),
             (&[("AUTONOMIC_MANAGED", "true")], "AUTONOMIC_AUTH_TOKEN"),
             (
@@ -392,7 +395,10 @@ mod tests {
                 &[("AUTONOMIC_BACKOFF_INITIAL_MS", "soon")],
                 "AUTONOMIC_BACKOFF_INITIAL_MS",
             ),
-            (&[("AUTONOMIC_PROBE_ADDR", "nowhere")], "AUTONOMIC_PROBE_ADDR"),
+            (
+                &[("AUTONOMIC_PROBE_ADDR", "nowhere")],
+                "AUTONOMIC_PROBE_ADDR",
+            ),
             (&[("AUTONOMIC_LOG_FORMAT", "xml")], "AUTONOMIC_LOG_FORMAT"),
         ];
         for (vars, needle) in cases {
@@ -451,16 +457,18 @@ mod tests {
                 "http://127.0.0.1:9000/a/b//",
                 "ws://127.0.0.1:9000/a/b/api/autonomic/connect",
             ),
-            (
-                "http://[::1]:9000",
-                "ws://[::1]:9000/api/autonomic/connect",
-            ),
+            ("http://[::1]:9000", "ws://[::1]:9000/api/autonomic/connect"),
         ];
         for (base, want) in cases {
-            assert_eq!(BaseUrl::parse(base).unwrap().endpoint(true, "connect"), want);
+            assert_eq!(
+                BaseUrl::parse(base).unwrap().endpoint(true, "connect"),
+                want
+            );
         }
         assert_eq!(
-            BaseUrl::parse("https://h/p").unwrap().endpoint(false, "report"),
+            BaseUrl::parse("https://h/p")
+                .unwrap()
+                .endpoint(false, "report"),
             "https://h:443/p/api/autonomic/report"
         );
     }

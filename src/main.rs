@@ -1,3 +1,85 @@
-fn main() {
-    print!("{}", autonomic_manager::crd::crds_yaml());
+use std::process::ExitCode;
+
+use autonomic_manager::config::{Config, LogFormat};
+
+fn main() -> ExitCode {
+    match std::env::args().nth(1).as_deref() {
+        None | Some("run") => {}
+        Some("crds") => {
+            print!("{}", autonomic_manager::crd::crds_yaml());
+            return ExitCode::SUCCESS;
+        }
+        Some("version" | "--version") => {
+            println!("autonomic-manager {}", autonomic_manager::VERSION);
+            return ExitCode::SUCCESS;
+        }
+        Some(other) => {
+            eprintln!(
+                "autonomic-manager: unknown command {other:?} (commands: run, crds, version)"
+            );
+            return ExitCode::from(2);
+        }
+    }
+    let config = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("autonomic-manager: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(&config);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("autonomic-manager: unable to start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(autonomic_manager::run(config, shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "autonomic-manager failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log_filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.with_ansi(false).init(),
+    }
+}
+
+/// Completes on the first SIGTERM or SIGINT; a second one exits at once.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("shutting down (a second signal exits at once)");
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        std::process::exit(130);
+    });
 }

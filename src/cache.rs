@@ -1,0 +1,178 @@
+//! A small object cache fed by kube's watcher: what the reconcilers read instead of
+//! asking the API server, and what the connector turns into snapshots and deltas.
+//!
+//! One cache per type may be fed by several watch streams (one per watched namespace);
+//! a re-list of one stream only prunes objects of its own namespace.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use futures::{StreamExt, TryStreamExt};
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+/// `(namespace, name)`.
+pub type ObjKey = (String, String);
+
+/// The latest state of every watched object of one type.
+pub struct Cache<K> {
+    objects: RwLock<BTreeMap<ObjKey, Arc<K>>>,
+}
+
+impl<K> Default for Cache<K> {
+    fn default() -> Self {
+        Cache {
+            objects: RwLock::new(BTreeMap::new()),
+        }
+    }
+}
+
+impl<K: ResourceExt> Cache<K> {
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        objects
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// Every object of one namespace, in name order.
+    pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<K>> {
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        let start = (namespace.to_owned(), String::new());
+        objects
+            .range(start..)
+            .take_while(|((ns, _), _)| ns == namespace)
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
+    pub fn all(&self) -> Vec<Arc<K>> {
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        objects.values().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn insert(&self, obj: K) -> Arc<K> {
+        let key = (obj.namespace().unwrap_or_default(), obj.name_any());
+        let obj = Arc::new(obj);
+        let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
+        objects.insert(key, obj.clone());
+        obj
+    }
+
+    fn remove(&self, key: &ObjKey) -> Option<Arc<K>> {
+        let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
+        objects.remove(key)
+    }
+
+    /// Removes the objects of `scope` (a namespace, or all) not in `seen`.
+    fn prune(&self, scope: Option<&str>, seen: &HashSet<ObjKey>) -> Vec<Arc<K>> {
+        let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
+        let stale: Vec<ObjKey> = objects
+            .keys()
+            .filter(|k| scope.is_none_or(|ns| k.0 == ns) && !seen.contains(*k))
+            .cloned()
+            .collect();
+        stale.iter().filter_map(|k| objects.remove(k)).collect()
+    }
+}
+
+/// Counts watch streams that have finished their first list; readiness waits for all.
+#[derive(Default)]
+pub struct SyncGate {
+    expected: AtomicUsize,
+    synced: AtomicUsize,
+}
+
+impl SyncGate {
+    pub fn expect(&self) {
+        self.expected.fetch_add(1, Ordering::SeqCst);
+    }
+    fn mark(&self) {
+        self.synced.fetch_add(1, Ordering::SeqCst);
+    }
+    pub fn is_synced(&self) -> bool {
+        let expected = self.expected.load(Ordering::SeqCst);
+        expected > 0 && self.synced.load(Ordering::SeqCst) >= expected
+    }
+}
+
+/// What changed, for whoever listens (the work queue, the connector).
+pub enum Change<'a, K> {
+    Upsert(&'a Arc<K>),
+    Remove(&'a Arc<K>),
+}
+
+/// Feeds `cache` from one watch stream until the stream ends (it never does on its own:
+/// the watcher retries with backoff). `on_change` runs for every change, in order.
+pub async fn drive<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    scope: Option<String>,
+    cache: Arc<Cache<K>>,
+    gate: Arc<SyncGate>,
+    on_change: impl Fn(Change<'_, K>) + Send,
+) where
+    K: Resource + ResourceExt + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    gate.expect();
+    let mut first_sync = true;
+    let mut seen: HashSet<ObjKey> = HashSet::new();
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    loop {
+        let event = match stream.try_next().await {
+            Ok(Some(event)) => event,
+            Ok(None) => return,
+            Err(err) => {
+                // The backoff wrapper already paces retries; the stream goes on.
+                tracing::warn!(error = %err, "watch failed, retrying");
+                continue;
+            }
+        };
+        match event {
+            Event::Init => seen.clear(),
+            Event::InitApply(obj) => {
+                seen.insert((obj.namespace().unwrap_or_default(), obj.name_any()));
+                let obj = cache.insert(strip(obj));
+                on_change(Change::Upsert(&obj));
+            }
+            Event::InitDone => {
+                for gone in cache.prune(scope.as_deref(), &seen) {
+                    on_change(Change::Remove(&gone));
+                }
+                seen.clear();
+                if first_sync {
+                    first_sync = false;
+                    gate.mark();
+                }
+            }
+            Event::Apply(obj) => {
+                let obj = cache.insert(strip(obj));
+                on_change(Change::Upsert(&obj));
+            }
+            Event::Delete(obj) => {
+                let key = (obj.namespace().unwrap_or_default(), obj.name_any());
+                let gone = cache.remove(&key).unwrap_or_else(|| Arc::new(obj));
+                on_change(Change::Remove(&gone));
+            }
+        }
+    }
+}
+
+/// managedFields are large and never read: dropping them keeps the cache small.
+fn strip<K: Resource>(mut obj: K) -> K {
+    obj.meta_mut().managed_fields = None;
+    obj
+}

@@ -1,0 +1,101 @@
+//! `/livez`, `/readyz` and `/metrics` on the probe address: a minimal HTTP/1.1 server,
+//! enough for kubelet probes and Prometheus scrapes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::reconcile::Context;
+
+/// Serves until the listener fails.
+pub async fn serve(listener: TcpListener, ctx: Arc<Context>) -> std::io::Result<()> {
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            // A client that never finishes its request must not hold a task forever.
+            let _ = tokio::time::timeout(Duration::from_secs(5), answer(stream, &ctx)).await;
+        });
+    }
+}
+
+async fn answer(mut stream: TcpStream, ctx: &Context) -> std::io::Result<()> {
+    let mut buf = [0u8; 2048];
+    let mut len = 0;
+    while len < buf.len() {
+        let n = stream.read(&mut buf[len..]).await?;
+        if n == 0 {
+            break;
+        }
+        len += n;
+        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+            break;
+        }
+    }
+    let head = String::from_utf8_lossy(&buf[..len]);
+    let path = head
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("GET "))
+        .and_then(|l| l.split(' ').next())
+        .unwrap_or("");
+    let (code, body) = match path {
+        "/livez" => (200, "ok\n".to_owned()),
+        "/readyz" => match readiness(ctx) {
+            Ok(()) => (200, "ok\n".to_owned()),
+            Err(why) => (503, format!("{why}\n")),
+        },
+        "/metrics" => (200, metrics(ctx)),
+        _ => (404, "not found\n".to_owned()),
+    };
+    let reason = match code {
+        200 => "OK",
+        503 => "Service Unavailable",
+        _ => "Not Found",
+    };
+    let content_type = if path == "/metrics" {
+        "text/plain; version=0.0.4"
+    } else {
+        "text/plain"
+    };
+    let response = format!(
+        "HTTP/1.1 {code} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+fn readiness(ctx: &Context) -> Result<(), &'static str> {
+    if !ctx.synced.is_synced() {
+        return Err("watches not synced");
+    }
+    Ok(())
+}
+
+fn metrics(ctx: &Context) -> String {
+    ctx.metrics.render(&[
+        (
+            "autonomic_queue_depth",
+            "Objects waiting to be reconciled.",
+            ctx.queue.depth() as f64,
+        ),
+        (
+            "autonomic_watches_synced",
+            "1 once every watch has listed its objects.",
+            f64::from(u8::from(ctx.synced.is_synced())),
+        ),
+        (
+            "autonomic_agents",
+            "Agents in the cache.",
+            ctx.agents.len() as f64,
+        ),
+        (
+            "autonomic_tools",
+            "Tools in the cache.",
+            ctx.tools.len() as f64,
+        ),
+    ])
+}

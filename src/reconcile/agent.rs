@@ -1,0 +1,629 @@
+//! Agent → pod (`agentlet` + `runtime`) and Secret `<agent>-agent`.
+//!
+//! `plan` is pure: from the Agent, what it references and its current pod, it says what
+//! to do with the pod and which phase the Agent is in. `reconcile` does the I/O.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec, Secret, SecretVolumeSource,
+    Volume, VolumeMount,
+};
+use kube::ResourceExt;
+use serde_json::json;
+
+use super::common::{self, Health};
+use super::{Context, Outcome};
+use crate::Error;
+use crate::crd::{Agent, AgentPhase, AgentStatus, Kind, Memory, MemoryRef, Runtime, Tool};
+
+pub const CONFIG_MOUNT: &str = "/var/run/autonomic";
+
+pub fn secret_name(agent: &str) -> String {
+    format!("{agent}-agent")
+}
+
+/// What the Agent references, looked up.
+pub struct Refs {
+    pub runtime: Option<Arc<Runtime>>,
+    pub tools: Vec<Arc<Tool>>,
+    pub memories: Vec<Arc<Memory>>,
+}
+
+/// Looks up what the Agent references; the error names what is missing or invalid.
+pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, String> {
+    let ns = agent.namespace().unwrap_or_default();
+    common::check_label_value(Kind::Agent, &agent.name_any())?;
+    let runtime = match &agent.spec.runtime.reference {
+        None => None,
+        Some(name) => {
+            let rt = ctx
+                .runtimes
+                .get(&ns, name)
+                .ok_or_else(|| format!("Runtime {name:?} not found in namespace {ns}"))?;
+            if rt.spec.image.as_deref().is_none_or(str::is_empty)
+                && agent.spec.runtime.image.is_none()
+            {
+                return Err(format!("Runtime {name:?} is invalid: no image"));
+            }
+            Some(rt)
+        }
+    };
+    let tools = agent
+        .spec
+        .tools
+        .iter()
+        .map(|t| {
+            ctx.tools
+                .get(&ns, t)
+                .ok_or_else(|| format!("Tool {t:?} not found in namespace {ns}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let memories = agent
+        .spec
+        .memory
+        .iter()
+        .map(|m| {
+            ctx.memories
+                .get(&ns, m)
+                .ok_or_else(|| format!("Memory {m:?} not found in namespace {ns}"))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Refs {
+        runtime,
+        tools,
+        memories,
+    })
+}
+
+/// The pod the Agent should have, with its spec hash annotation.
+pub fn desired_pod(
+    agent: &Agent,
+    runtime: Option<&Runtime>,
+    default_agentlet: Option<&str>,
+) -> Result<Pod, String> {
+    let name = agent.name_any();
+    let spec = &agent.spec;
+    let tpl = runtime.map(|r| &r.spec);
+    let image = spec
+        .runtime
+        .image
+        .clone()
+        .or_else(|| tpl.and_then(|t| t.image.clone()))
+        .filter(|i| !i.trim().is_empty())
+        .ok_or("no runtime image: set spec.runtime.image or reference a Runtime that has one")?;
+    let agentlet_image = spec
+        .agentlet
+        .image
+        .clone()
+        .or_else(|| default_agentlet.map(str::to_owned))
+        .filter(|i| !i.trim().is_empty())
+        .ok_or(
+            "no agentlet image: set spec.agentlet.image or AUTONOMIC_AGENTLET_IMAGE on the manager",
+        )?;
+
+    // The override replaces the template's entry of the same name; order is kept.
+    let mut env: Vec<EnvVar> = tpl.and_then(|t| t.env.clone()).unwrap_or_default();
+    for e in spec.runtime.env.iter().flatten() {
+        match env.iter_mut().find(|x| x.name == e.name) {
+            Some(x) => *x = e.clone(),
+            None => env.push(e.clone()),
+        }
+    }
+    let mount = VolumeMount {
+        name: "autonomic-config".into(),
+        mount_path: CONFIG_MOUNT.into(),
+        read_only: Some(true),
+        ..Default::default()
+    };
+    let runtime_container = Container {
+        name: "runtime".into(),
+        image: Some(image),
+        command: spec
+            .runtime
+            .command
+            .clone()
+            .or_else(|| tpl.and_then(|t| t.command.clone())),
+        args: spec
+            .runtime
+            .args
+            .clone()
+            .or_else(|| tpl.and_then(|t| t.args.clone())),
+        env: (!env.is_empty()).then_some(env),
+        resources: spec
+            .runtime
+            .resources
+            .clone()
+            .or_else(|| tpl.and_then(|t| t.resources.clone())),
+        volume_mounts: Some(vec![mount.clone()]),
+        ..Default::default()
+    };
+    let field_env = |name: &str, path: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let agentlet = Container {
+        name: "agentlet".into(),
+        image: Some(agentlet_image),
+        env: Some(vec![
+            EnvVar {
+                name: "AUTONOMIC_AGENT".into(),
+                value: Some(name.clone()),
+                ..Default::default()
+            },
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+        ]),
+        volume_mounts: Some(vec![mount]),
+        ..Default::default()
+    };
+    let pod_spec = PodSpec {
+        containers: vec![agentlet, runtime_container],
+        restart_policy: Some(spec.restart_policy.as_str().into()),
+        service_account_name: spec.service_account_name.clone(),
+        volumes: Some(vec![Volume {
+            name: "autonomic-config".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret_name(&name)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let mut meta = common::child_meta(agent, Kind::Agent, name);
+    meta.annotations = Some(BTreeMap::from([(
+        common::SPEC_HASH.to_owned(),
+        common::spec_hash(&pod_spec),
+    )]));
+    Ok(Pod {
+        metadata: meta,
+        spec: Some(pod_spec),
+        status: None,
+    })
+}
+
+/// The Secret `<agent>-agent` with `config.json`: tools' endpoints, memory Secrets.
+pub fn desired_secret(agent: &Agent, refs: &Refs) -> Secret {
+    let tools: Vec<_> = refs
+        .tools
+        .iter()
+        .map(|t| json!({"name": t.name_any(), "endpoint": super::tool::endpoint(t)}))
+        .collect();
+    let memory: Vec<_> = refs
+        .memories
+        .iter()
+        .map(|m| {
+            json!({"name": m.name_any(), "backend": m.spec.backend,
+                   "secretName": super::memory::secret_name(&m.name_any())})
+        })
+        .collect();
+    let config = json!({
+        "agent": agent.name_any(),
+        "namespace": agent.namespace(),
+        "tools": tools,
+        "memory": memory,
+    });
+    let body = serde_json::to_vec_pretty(&config).unwrap_or_default();
+    Secret {
+        metadata: common::child_meta(agent, Kind::Agent, secret_name(&agent.name_any())),
+        data: Some(BTreeMap::from([(
+            "config.json".to_owned(),
+            ByteString(body),
+        )])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
+}
+
+/// What to do with the pod.
+#[derive(Debug, PartialEq)]
+pub enum PodAction {
+    Keep,
+    Create,
+    /// Delete the current pod (it is recreated on the next pass unless paused/terminal).
+    Delete,
+}
+
+/// The decision for one pass.
+#[derive(Debug, PartialEq)]
+pub struct Plan {
+    pub action: PodAction,
+    pub phase: AgentPhase,
+    pub message: String,
+}
+
+fn plan_of(action: PodAction, phase: AgentPhase, message: impl Into<String>) -> Plan {
+    Plan {
+        action,
+        phase,
+        message: message.into(),
+    }
+}
+
+/// Decides the pod action and the phase. `desired` is the pod the Agent should have or
+/// why it cannot have one; `current` is the pod named after the Agent, if any.
+pub fn plan(agent: &Agent, desired: &Result<Pod, String>, current: Option<&Pod>) -> Plan {
+    use AgentPhase::*;
+    if agent.metadata.deletion_timestamp.is_some() {
+        return plan_of(PodAction::Keep, Terminating, "deletion requested");
+    }
+    let owned = current.filter(|p| common::is_owned_by(&p.metadata, agent.uid().as_deref()));
+    if let Some(p) = current
+        && owned.is_none()
+    {
+        return plan_of(
+            PodAction::Keep,
+            Error,
+            format!(
+                "pod {:?} exists and is not owned by this Agent",
+                p.name_any()
+            ),
+        );
+    }
+    let desired = match desired {
+        // A broken spec leaves a running pod alone: a typo must not take an agent down.
+        Err(why) => return plan_of(PodAction::Keep, Error, why.clone()),
+        Ok(d) => d,
+    };
+    let terminating = owned.is_some_and(|p| p.metadata.deletion_timestamp.is_some());
+    if agent.spec.paused {
+        let action = if owned.is_some() && !terminating {
+            PodAction::Delete
+        } else {
+            PodAction::Keep
+        };
+        return plan_of(action, Paused, "paused");
+    }
+    let status = agent.status.as_ref();
+    let finished = status.is_some_and(|s| {
+        matches!(s.phase, Some(Succeeded | Failed))
+            && s.observed_generation == agent.metadata.generation
+    });
+    let Some(pod) = owned else {
+        if finished {
+            let s = status.map(|s| (s.phase, s.message.clone()));
+            let (phase, message) = s.unwrap_or_default();
+            return plan_of(
+                PodAction::Keep,
+                phase.unwrap_or(Succeeded),
+                message.unwrap_or_default(),
+            );
+        }
+        return plan_of(PodAction::Create, Pending, "creating pod");
+    };
+    if terminating {
+        return plan_of(
+            PodAction::Keep,
+            Pending,
+            "waiting for the previous pod to terminate",
+        );
+    }
+    if common::pod_spec_hash(pod) != common::pod_spec_hash(desired) {
+        return plan_of(PodAction::Delete, Pending, "spec changed: recreating pod");
+    }
+    let always = agent.spec.restart_policy == crate::crd::RestartPolicy::Always;
+    match common::pod_health(pod) {
+        Health::Ready => plan_of(PodAction::Keep, Active, ""),
+        Health::Pending(m) => plan_of(PodAction::Keep, Pending, m),
+        Health::Error(m) => plan_of(PodAction::Keep, Error, m),
+        Health::Succeeded if !always => {
+            plan_of(PodAction::Keep, Succeeded, "all containers exited 0")
+        }
+        Health::Failed(m) if !always => plan_of(PodAction::Keep, Failed, m),
+        // restartPolicy Always never ends on its own: an evicted pod is replaced.
+        Health::Succeeded | Health::Failed(_) => {
+            plan_of(PodAction::Delete, Pending, "pod ended: replacing it")
+        }
+    }
+}
+
+pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Error> {
+    let ns = agent.namespace().unwrap_or_default();
+    let name = agent.name_any();
+    let refs = resolve(&agent, ctx);
+    let desired = refs.as_ref().map_err(Clone::clone).and_then(|r| {
+        desired_pod(
+            &agent,
+            r.runtime.as_deref(),
+            ctx.config.agentlet_image.as_deref(),
+        )
+    });
+    let mut refused = None;
+    if let Ok(refs) = &refs
+        && agent.metadata.deletion_timestamp.is_none()
+    {
+        refused = ctx.apply(&ns, &desired_secret(&agent, refs)).await?.err();
+    }
+    let current = ctx.pods.get(&ns, &name);
+    let mut plan = plan(&agent, &desired, current.as_deref());
+    let mut requeue = None;
+    if let Some(why) = refused {
+        // Without its config Secret the pod cannot start: leave the pod alone, say why.
+        plan = plan_of(PodAction::Keep, AgentPhase::Error, why);
+    }
+    match (&plan.action, &desired) {
+        (PodAction::Create, Ok(pod)) => {
+            if let Err(e) = ctx.create_pod(pod).await? {
+                // The API server refused the pod itself (an invalid quantity, a quota):
+                // that is the spec's fault; retry slowly in case a quota frees up.
+                plan = plan_of(PodAction::Keep, AgentPhase::Error, e);
+                requeue = Some(Duration::from_secs(60));
+            }
+        }
+        (PodAction::Delete, _) => {
+            if let Some(pod) = &current {
+                ctx.delete_pod(pod).await?;
+            }
+        }
+        _ => {}
+    }
+
+    let pod = current
+        .as_deref()
+        .filter(|p| common::is_owned_by(&p.metadata, agent.uid().as_deref()));
+    let memory_refs = refs
+        .as_ref()
+        .map(|r| {
+            r.memories
+                .iter()
+                .map(|m| MemoryRef {
+                    name: m.name_any(),
+                    secret_name: m.status.as_ref().and_then(|s| s.secret_name.clone()),
+                    phase: m
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.phase)
+                        .map(|p| format!("{p:?}")),
+                })
+                .collect()
+        })
+        .unwrap_or_else(|_| {
+            agent
+                .status
+                .as_ref()
+                .map(|s| s.memory_refs.clone())
+                .unwrap_or_default()
+        });
+    let old = agent.status.clone().unwrap_or_default();
+    let context_summary = pod
+        .and_then(|p| p.annotations().get(common::CONTEXT_SUMMARY))
+        .map(|s| common::cap_utf8(s, common::CONTEXT_SUMMARY_MAX).to_owned())
+        .or(old.context_summary.clone());
+    let keeps_pod = !matches!(plan.phase, AgentPhase::Paused) && pod.is_some();
+    let status = AgentStatus {
+        observed_generation: agent.metadata.generation,
+        phase: Some(plan.phase),
+        message: Some(plan.message.clone()),
+        conditions: common::ready_condition(
+            &old.conditions,
+            plan.phase == AgentPhase::Active,
+            &format!("{:?}", plan.phase),
+            &plan.message,
+            agent.metadata.generation,
+        ),
+        pod_name: keeps_pod.then(|| name.clone()),
+        started_at: pod.and_then(|p| p.status.as_ref()?.start_time.clone()),
+        memory_refs,
+        context_summary,
+    };
+    ctx.write_status(&*agent, agent.status.as_ref(), &status)
+        .await?;
+    Ok(Outcome { requeue })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(yaml: &str) -> Agent {
+        let mut a: Agent = serde_saphyr::from_str(yaml).unwrap();
+        a.metadata.uid = Some("uid-a".into());
+        a.metadata.generation = Some(1);
+        a
+    }
+
+    fn owned_pod(a: &Agent, health_yaml: &str) -> Pod {
+        let mut p = desired_pod(a, None, Some("agentlet:1")).unwrap();
+        let s: Pod =
+            serde_saphyr::from_str(&format!("{{metadata: {{name: x}}, status: {health_yaml}}}"))
+                .unwrap();
+        p.status = s.status;
+        p
+    }
+
+    const BASE: &str = "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: triage, namespace: team-a}, spec: {runtime: {image: 'rt:1', command: [sleep, '1000']}}}";
+
+    #[test]
+    fn pod_has_both_containers_labels_owner_and_config_mount() {
+        let a = agent(BASE);
+        let p = desired_pod(&a, None, Some("agentlet:1")).unwrap();
+        assert_eq!(p.metadata.name.as_deref(), Some("triage"));
+        let labels = p.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["app.kubernetes.io/managed-by"], "autonomic");
+        assert_eq!(labels["autonomic.sh/agent"], "triage");
+        assert!(common::is_owned_by(&p.metadata, Some("uid-a")));
+        let spec = p.spec.unwrap();
+        let names: Vec<_> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["agentlet", "runtime"]);
+        for c in &spec.containers {
+            let m = &c.volume_mounts.as_ref().unwrap()[0];
+            assert_eq!(
+                (m.mount_path.as_str(), m.read_only),
+                (CONFIG_MOUNT, Some(true))
+            );
+        }
+        assert_eq!(
+            spec.volumes.unwrap()[0]
+                .secret
+                .as_ref()
+                .unwrap()
+                .secret_name
+                .as_deref(),
+            Some("triage-agent")
+        );
+    }
+
+    #[test]
+    fn runtime_template_fills_and_overrides() {
+        let rt: Runtime = serde_saphyr::from_str(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Runtime, metadata: {name: py}, spec: {image: 'py:3', args: [a], env: [{name: A, value: '1'}, {name: B, value: '2'}]}}",
+        )
+        .unwrap();
+        let a = agent(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: x, namespace: n}, spec: {runtime: {ref: py, env: [{name: B, value: over}, {name: C, value: '3'}]}}}",
+        );
+        let p = desired_pod(&a, Some(&rt), Some("al")).unwrap();
+        let c = &p.spec.unwrap().containers[1];
+        assert_eq!(c.image.as_deref(), Some("py:3"));
+        assert_eq!(c.args.as_deref(), Some(&["a".to_string()][..]));
+        let env: Vec<_> = c
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.as_str(), e.value.as_deref().unwrap()))
+            .collect();
+        assert_eq!(env, [("A", "1"), ("B", "over"), ("C", "3")]);
+        // The template's change changes the hash: its agents roll.
+        let mut rt2 = rt.clone();
+        rt2.spec.image = Some("py:4".into());
+        let p2 = desired_pod(&a, Some(&rt2), Some("al")).unwrap();
+        assert_ne!(
+            common::pod_spec_hash(&p2),
+            common::pod_spec_hash(&desired_pod(&a, Some(&rt), Some("al")).unwrap())
+        );
+    }
+
+    #[test]
+    fn missing_images_are_named() {
+        let a = agent(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: x, namespace: n}, spec: {}}",
+        );
+        assert!(
+            desired_pod(&a, None, Some("al"))
+                .unwrap_err()
+                .contains("no runtime image")
+        );
+        let a = agent(BASE);
+        assert!(
+            desired_pod(&a, None, None)
+                .unwrap_err()
+                .contains("no agentlet image")
+        );
+    }
+
+    #[test]
+    fn phases() {
+        use AgentPhase::*;
+        let a = agent(BASE);
+        let d = desired_pod(&a, None, Some("agentlet:1"));
+        assert_eq!(plan(&a, &d, None).action, PodAction::Create);
+        assert_eq!(plan(&a, &d, None).phase, Pending);
+
+        let ready = owned_pod(
+            &a,
+            "{phase: Running, containerStatuses: [{name: a, ready: true, restartCount: 0, image: i, imageID: ''}, {name: b, ready: true, restartCount: 0, image: i, imageID: ''}]}",
+        );
+        assert_eq!(
+            plan(&a, &d, Some(&ready)),
+            Plan {
+                action: PodAction::Keep,
+                phase: Active,
+                message: String::new()
+            }
+        );
+
+        let crash = owned_pod(
+            &a,
+            "{phase: Running, containerStatuses: [{name: runtime, ready: false, restartCount: 3, image: i, imageID: '', state: {waiting: {reason: CrashLoopBackOff}}}]}",
+        );
+        assert_eq!(plan(&a, &d, Some(&crash)).phase, Error);
+
+        let mut paused = a.clone();
+        paused.spec.paused = true;
+        assert_eq!(plan(&paused, &d, Some(&ready)).action, PodAction::Delete);
+        assert_eq!(
+            plan(&paused, &d, None),
+            Plan {
+                action: PodAction::Keep,
+                phase: Paused,
+                message: "paused".into()
+            }
+        );
+
+        let mut deleting = a.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(ready.metadata.creation_timestamp.clone().unwrap_or(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
+            ));
+        assert_eq!(plan(&deleting, &d, Some(&ready)).phase, Terminating);
+
+        let mut stranger = ready.clone();
+        stranger.metadata.owner_references = None;
+        let p = plan(&a, &d, Some(&stranger));
+        assert_eq!((p.action, p.phase), (PodAction::Keep, Error));
+        assert!(p.message.contains("not owned"));
+
+        let broken: Result<Pod, String> = Err("Tool \"x\" not found".into());
+        assert_eq!(
+            plan(&a, &broken, Some(&ready)),
+            Plan {
+                action: PodAction::Keep,
+                phase: Error,
+                message: "Tool \"x\" not found".into()
+            }
+        );
+    }
+
+    #[test]
+    fn spec_change_recreates_and_terminal_pods_stay_down() {
+        use AgentPhase::*;
+        let a = agent(BASE);
+        let old = owned_pod(&a, "{phase: Running}");
+        let mut changed = a.clone();
+        changed.spec.runtime.image = Some("rt:2".into());
+        let d = desired_pod(&changed, None, Some("agentlet:1"));
+        assert_eq!(plan(&changed, &d, Some(&old)).action, PodAction::Delete);
+
+        let mut never = a.clone();
+        never.spec.restart_policy = crate::crd::RestartPolicy::Never;
+        let d = desired_pod(&never, None, Some("agentlet:1"));
+        let done = owned_pod(&never, "{phase: Succeeded}");
+        assert_eq!(plan(&never, &d, Some(&done)).phase, Succeeded);
+        let failed = owned_pod(&never, "{phase: Failed}");
+        assert_eq!(plan(&never, &d, Some(&failed)).phase, Failed);
+        // Once finished, a vanished pod is not recreated for the same generation.
+        never.status = Some(AgentStatus {
+            phase: Some(Succeeded),
+            observed_generation: Some(1),
+            ..Default::default()
+        });
+        assert_eq!(plan(&never, &d, None).action, PodAction::Keep);
+        // With Always, an evicted pod is replaced.
+        let d = desired_pod(&a, None, Some("agentlet:1"));
+        let evicted = owned_pod(&a, "{phase: Failed, reason: Evicted}");
+        assert_eq!(plan(&a, &d, Some(&evicted)).action, PodAction::Delete);
+    }
+
+    #[test]
+    fn long_names_are_refused_with_a_reason() {
+        let name = "a".repeat(64);
+        let a = agent(&format!(
+            "{{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {{name: {name}, namespace: n}}, spec: {{}}}}"
+        ));
+        let err = common::check_label_value(Kind::Agent, &a.name_any()).unwrap_err();
+        assert!(err.contains("at most 63"), "{err}");
+    }
+}

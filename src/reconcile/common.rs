@@ -1,0 +1,335 @@
+//! Pieces every reconciler shares: labels, ownership, the spec hash that decides when a
+//! pod must be recreated, pod health, and the `Ready` condition. All pure.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
+use kube::{Resource, ResourceExt};
+
+use crate::crd::Kind;
+
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const MANAGER: &str = "autonomic";
+/// Hash of what the pod was built from; a different hash means "recreate".
+pub const SPEC_HASH: &str = "autonomic.sh/spec-hash";
+pub const CONTEXT_SUMMARY: &str = "autonomic.sh/context-summary";
+pub const CONTEXT_SUMMARY_MAX: usize = 4096;
+/// Label selector for everything the manager creates.
+pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=autonomic";
+
+/// Labels on every object created for custom resource `name` of `kind`.
+pub fn labels(kind: Kind, name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (MANAGED_BY.to_owned(), MANAGER.to_owned()),
+        (kind.label_key().to_owned(), name.to_owned()),
+    ])
+}
+
+/// Metadata for a child `name` of `owner`: namespace, labels, controller owner reference.
+pub fn child_meta<K>(owner: &K, kind: Kind, name: String) -> ObjectMeta
+where
+    K: Resource<DynamicType = ()>,
+{
+    let owner_ref = OwnerReference {
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+        ..owner.owner_ref(&()).unwrap_or_default()
+    };
+    ObjectMeta {
+        name: Some(name),
+        namespace: owner.meta().namespace.clone(),
+        labels: Some(labels(
+            kind,
+            owner.meta().name.as_deref().unwrap_or_default(),
+        )),
+        owner_references: Some(vec![owner_ref]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The kind and name of the custom resource that controls `meta`, if it is ours.
+pub fn controller_of(meta: &ObjectMeta) -> Option<(Kind, &str)> {
+    meta.owner_references
+        .as_ref()?
+        .iter()
+        .find(|r| r.controller == Some(true) && r.api_version == crate::crd::API_VERSION)
+        .and_then(|r| Some((Kind::parse(&r.kind)?, r.name.as_str())))
+}
+
+/// Whether `child` is controlled by the object with `uid`.
+pub fn is_owned_by(child: &ObjectMeta, uid: Option<&str>) -> bool {
+    let Some(uid) = uid else { return false };
+    child
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true) && r.uid == uid)
+}
+
+/// 64-bit FNV-1a: stable across Rust releases (unlike `DefaultHasher`), so an upgrade of
+/// the manager does not recreate every pod.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Hex hash of a value's JSON form.
+pub fn spec_hash<T: serde::Serialize>(value: &T) -> String {
+    let json = serde_json::to_vec(value).unwrap_or_default();
+    format!("{:016x}", fnv1a(&json))
+}
+
+pub fn pod_spec_hash(pod: &Pod) -> Option<&str> {
+    pod.annotations().get(SPEC_HASH).map(String::as_str)
+}
+
+/// Container waiting reasons that mean the pod will not come up without a change.
+const ERROR_REASONS: [&str; 6] = [
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "InvalidImageName",
+];
+
+/// What a pod's status says about the workload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// Running and every container ready.
+    Ready,
+    /// On its way; the message says what it waits for.
+    Pending(String),
+    /// Stuck: a container cannot start or keeps crashing.
+    Error(String),
+    Succeeded,
+    Failed(String),
+}
+
+pub fn pod_health(pod: &Pod) -> Health {
+    let Some(status) = pod.status.as_ref() else {
+        return Health::Pending("pod created, not yet scheduled".into());
+    };
+    let phase = status.phase.as_deref().unwrap_or("Pending");
+    match phase {
+        "Succeeded" => return Health::Succeeded,
+        "Failed" => {
+            let why = status
+                .reason
+                .clone()
+                .or_else(|| terminated_reason(pod))
+                .unwrap_or_else(|| "pod failed".into());
+            return Health::Failed(why);
+        }
+        _ => {}
+    }
+    let containers = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten());
+    for cs in containers {
+        if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) {
+            let reason = w.reason.as_deref().unwrap_or_default();
+            if ERROR_REASONS.contains(&reason) {
+                let msg = w.message.as_deref().unwrap_or_default();
+                return Health::Error(
+                    format!("container {}: {reason}: {msg}", cs.name)
+                        .trim_end_matches([' ', ':'])
+                        .to_owned(),
+                );
+            }
+        }
+    }
+    let statuses = status.container_statuses.as_deref().unwrap_or_default();
+    if phase == "Running" && !statuses.is_empty() && statuses.iter().all(|c| c.ready) {
+        return Health::Ready;
+    }
+    // Say what it is waiting for, most specific first.
+    let unschedulable = status.conditions.iter().flatten().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    });
+    if let Some(c) = unschedulable {
+        return Health::Pending(format!(
+            "unschedulable: {}",
+            c.message.as_deref().unwrap_or_default()
+        ));
+    }
+    let waiting = statuses.iter().find_map(|cs| {
+        let w = cs.state.as_ref()?.waiting.as_ref()?;
+        Some(format!(
+            "container {}: {}",
+            cs.name,
+            w.reason.as_deref().unwrap_or("waiting")
+        ))
+    });
+    if let Some(w) = waiting {
+        return Health::Pending(w);
+    }
+    if let Some(cs) = statuses.iter().find(|c| !c.ready) {
+        return Health::Pending(format!("container {} not ready", cs.name));
+    }
+    Health::Pending(format!("pod {phase}"))
+}
+
+fn terminated_reason(pod: &Pod) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .iter()
+        .flatten()
+        .find_map(|cs| {
+            let t = cs.state.as_ref()?.terminated.as_ref()?;
+            (t.exit_code != 0).then(|| {
+                format!(
+                    "container {} exited with code {} ({})",
+                    cs.name,
+                    t.exit_code,
+                    t.reason.as_deref().unwrap_or("Error")
+                )
+            })
+        })
+}
+
+/// The `Ready` condition for a new status, keeping `lastTransitionTime` when the
+/// condition's status did not flip (so an unchanged status compares equal and no write
+/// happens).
+pub fn ready_condition(
+    previous: &[Condition],
+    ready: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) -> Vec<Condition> {
+    let status = if ready { "True" } else { "False" };
+    let since = previous
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now()));
+    vec![Condition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: since,
+    }]
+}
+
+/// Label values (and so our names, which are label values) are at most 63 characters.
+pub fn check_label_value(kind: Kind, name: &str) -> Result<(), String> {
+    if name.len() > 63 {
+        return Err(format!(
+            "name {name:?} is {} characters; a {kind} name must be at most 63 (it becomes a label value)",
+            name.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary.
+pub fn cap_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(yaml: &str) -> Pod {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn fnv_is_stable() {
+        assert_eq!(fnv1a(b""), 0xcbf29ce484222325);
+        assert_eq!(fnv1a(b"a"), 0xaf63dc4c8601ec8c);
+    }
+
+    #[test]
+    fn health_table() {
+        let cases = [
+            (
+                "metadata: {name: p}",
+                Health::Pending("pod created, not yet scheduled".into()),
+            ),
+            (
+                "{metadata: {name: p}, status: {phase: Running, containerStatuses: [{name: a, ready: true, restartCount: 0, image: i, imageID: '', state: {running: {}}}]}}",
+                Health::Ready,
+            ),
+            (
+                "{metadata: {name: p}, status: {phase: Pending, containerStatuses: [{name: runtime, ready: false, restartCount: 0, image: i, imageID: '', state: {waiting: {reason: ImagePullBackOff, message: 'Back-off pulling image x'}}}]}}",
+                Health::Error(
+                    "container runtime: ImagePullBackOff: Back-off pulling image x".into(),
+                ),
+            ),
+            (
+                "{metadata: {name: p}, status: {phase: Pending, containerStatuses: [{name: runtime, ready: false, restartCount: 0, image: i, imageID: '', state: {waiting: {reason: ContainerCreating}}}]}}",
+                Health::Pending("container runtime: ContainerCreating".into()),
+            ),
+            (
+                "{metadata: {name: p}, status: {phase: Running, containerStatuses: [{name: a, ready: false, restartCount: 0, image: i, imageID: '', state: {running: {}}}]}}",
+                Health::Pending("container a not ready".into()),
+            ),
+            (
+                "{metadata: {name: p}, status: {phase: Succeeded}}",
+                Health::Succeeded,
+            ),
+            (
+                "{metadata: {name: p}, status: {phase: Failed, containerStatuses: [{name: a, ready: false, restartCount: 0, image: i, imageID: '', state: {terminated: {exitCode: 3, reason: Error}}}]}}",
+                Health::Failed("container a exited with code 3 (Error)".into()),
+            ),
+            (
+                "{metadata: {name: p}, status: {phase: Failed, reason: Evicted}}",
+                Health::Failed("Evicted".into()),
+            ),
+            (
+                "{metadata: {name: p}, status: {phase: Pending, conditions: [{type: PodScheduled, status: 'False', reason: Unschedulable, message: '0/1 nodes are available: 1 Insufficient memory.'}]}}",
+                Health::Pending(
+                    "unschedulable: 0/1 nodes are available: 1 Insufficient memory.".into(),
+                ),
+            ),
+        ];
+        for (yaml, want) in cases {
+            assert_eq!(pod_health(&pod(yaml)), want, "{yaml}");
+        }
+    }
+
+    #[test]
+    fn ready_condition_keeps_transition_time_while_unchanged() {
+        let first = ready_condition(&[], false, "Pending", "m", Some(1));
+        let again = ready_condition(&first, false, "Pending", "m", Some(1));
+        assert_eq!(first, again);
+        let flipped = ready_condition(&first, true, "Active", "", Some(1));
+        assert_eq!(flipped[0].status, "True");
+    }
+
+    #[test]
+    fn cap_utf8_respects_char_boundaries() {
+        assert_eq!(cap_utf8("héllo", 2), "h");
+        assert_eq!(cap_utf8("abc", 10), "abc");
+    }
+
+    #[test]
+    fn controller_of_finds_our_kinds_only() {
+        let meta: ObjectMeta = serde_saphyr::from_str(
+            "{name: x, ownerReferences: [{apiVersion: apps/v1, kind: ReplicaSet, name: r, uid: '1', controller: true}, {apiVersion: autonomic.sh/v1alpha1, kind: Tool, name: t, uid: '2', controller: true}]}",
+        )
+        .unwrap();
+        assert_eq!(controller_of(&meta), Some((Kind::Tool, "t")));
+        assert!(is_owned_by(&meta, Some("2")));
+        assert!(!is_owned_by(&meta, Some("3")));
+    }
+}

@@ -1,0 +1,185 @@
+//! Memory → Secret `<memory>-memory` with `backend` and `url`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+
+use super::common;
+use super::{Context, Outcome};
+use crate::Error;
+use crate::crd::{Kind, Memory, MemoryPhase, MemoryStatus};
+
+pub fn secret_name(memory: &str) -> String {
+    format!("{memory}-memory")
+}
+
+/// How long to wait before looking again for a referenced Secret that is missing; it is
+/// not ours, so no watch of ours sees it appear.
+const MISSING_SECRET_RECHECK: Duration = Duration::from_secs(5);
+
+/// Where the URL comes from, or why it cannot be had.
+#[derive(Debug, PartialEq)]
+pub enum Source {
+    Url(String),
+    /// Waiting for this Secret to exist.
+    Pending(String),
+    Invalid(String),
+}
+
+/// `secret` is the referenced Secret, when there is a `secretRef` and it exists.
+pub fn source(memory: &Memory, secret: Option<&Secret>) -> Source {
+    if let Err(e) = common::check_label_value(Kind::Memory, &memory.name_any()) {
+        return Source::Invalid(e);
+    }
+    match (&memory.spec.url, &memory.spec.secret_ref) {
+        (Some(_), Some(_)) => {
+            Source::Invalid("set either spec.url or spec.secretRef, not both".into())
+        }
+        (None, None) => Source::Invalid("set spec.url or spec.secretRef".into()),
+        (Some(url), None) if url.trim().is_empty() => Source::Invalid("spec.url is empty".into()),
+        (Some(url), None) => Source::Url(url.clone()),
+        (None, Some(r)) => {
+            let Some(secret) = secret else {
+                return Source::Pending(format!("waiting for Secret {:?}", r.name));
+            };
+            let value = secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(&r.key))
+                .map(|b| b.0.clone())
+                .or_else(|| {
+                    secret
+                        .string_data
+                        .as_ref()
+                        .and_then(|d| d.get(&r.key))
+                        .map(|s| s.clone().into_bytes())
+                });
+            match value.map(String::from_utf8) {
+                None => Source::Invalid(format!("Secret {:?} has no key {:?}", r.name, r.key)),
+                Some(Err(_)) => Source::Invalid(format!(
+                    "key {:?} of Secret {:?} is not UTF-8 text",
+                    r.key, r.name
+                )),
+                Some(Ok(url)) => Source::Url(url.trim().to_owned()),
+            }
+        }
+    }
+}
+
+pub fn desired_secret(memory: &Memory, url: &str) -> Secret {
+    Secret {
+        metadata: common::child_meta(memory, Kind::Memory, secret_name(&memory.name_any())),
+        data: Some(BTreeMap::from([
+            (
+                "backend".to_owned(),
+                ByteString(memory.spec.backend.clone().into_bytes()),
+            ),
+            ("url".to_owned(), ByteString(url.as_bytes().to_vec())),
+        ])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
+}
+
+pub async fn reconcile(ctx: &Context, memory: Arc<Memory>) -> Result<Outcome, Error> {
+    let ns = memory.namespace().unwrap_or_default();
+    let referenced = match &memory.spec.secret_ref {
+        Some(r) => ctx.get_secret(&ns, &r.name).await?,
+        None => None,
+    };
+    let mut outcome = Outcome::default();
+    let (phase, message, secret) = match source(&memory, referenced.as_ref()) {
+        _ if memory.metadata.deletion_timestamp.is_some() => {
+            (MemoryPhase::Pending, "deletion requested".to_owned(), None)
+        }
+        Source::Url(url) => match ctx.apply(&ns, &desired_secret(&memory, &url)).await? {
+            Ok(()) => (
+                MemoryPhase::Bound,
+                String::new(),
+                Some(secret_name(&memory.name_any())),
+            ),
+            Err(why) => (MemoryPhase::Error, why, None),
+        },
+        Source::Pending(why) => {
+            outcome.requeue = Some(MISSING_SECRET_RECHECK);
+            (MemoryPhase::Pending, why, None)
+        }
+        Source::Invalid(why) => (MemoryPhase::Error, why, None),
+    };
+    let old = memory.status.clone().unwrap_or_default();
+    let status = MemoryStatus {
+        observed_generation: memory.metadata.generation,
+        phase: Some(phase),
+        message: Some(message.clone()),
+        conditions: common::ready_condition(
+            &old.conditions,
+            phase == MemoryPhase::Bound,
+            &format!("{phase:?}"),
+            &message,
+            memory.metadata.generation,
+        ),
+        secret_name: secret.or(old
+            .secret_name
+            .clone()
+            .filter(|_| phase != MemoryPhase::Error)),
+    };
+    ctx.write_status(&*memory, memory.status.as_ref(), &status)
+        .await?;
+    // A referenced Secret may change without us seeing it: look again now and then.
+    if memory.spec.secret_ref.is_some() && outcome.requeue.is_none() {
+        outcome.requeue = Some(Duration::from_secs(60));
+    }
+    Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memory(spec: &str) -> Memory {
+        serde_saphyr::from_str(&format!(
+            "{{apiVersion: autonomic.sh/v1alpha1, kind: Memory, metadata: {{name: m, namespace: n}}, spec: {spec}}}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn sources() {
+        assert_eq!(
+            source(&memory("{backend: redis, url: 'redis://r:6379'}"), None),
+            Source::Url("redis://r:6379".into())
+        );
+        let by_ref = memory("{backend: redis, secretRef: {name: creds, key: url}}");
+        assert_eq!(
+            source(&by_ref, None),
+            Source::Pending("waiting for Secret \"creds\"".into())
+        );
+        let s: Secret =
+            serde_saphyr::from_str("{metadata: {name: creds}, data: {url: cmVkaXM6Ly94}}").unwrap();
+        assert_eq!(source(&by_ref, Some(&s)), Source::Url("redis://x".into()));
+        let wrong_key = memory("{backend: redis, secretRef: {name: creds, key: nope}}");
+        assert!(matches!(source(&wrong_key, Some(&s)), Source::Invalid(m) if m.contains("no key")));
+        assert!(matches!(
+            source(&memory("{backend: redis}"), None),
+            Source::Invalid(_)
+        ));
+        assert!(matches!(
+            source(&memory("{backend: redis, url: u, secretRef: {name: a, key: b}}"), None),
+            Source::Invalid(m) if m.contains("not both")
+        ));
+    }
+
+    #[test]
+    fn secret_has_backend_and_url() {
+        let m = memory("{backend: postgres, url: 'postgres://db'}");
+        let s = desired_secret(&m, "postgres://db");
+        assert_eq!(s.metadata.name.as_deref(), Some("m-memory"));
+        let d = s.data.unwrap();
+        assert_eq!(d["backend"].0, b"postgres");
+        assert_eq!(d["url"].0, b"postgres://db");
+    }
+}

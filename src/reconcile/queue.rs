@@ -1,0 +1,219 @@
+//! The work queue: one entry per object, however many events arrive for it.
+//!
+//! A key is never handed to two workers at once; a key that changes while it is being
+//! reconciled is run again right after. Failures retry with capped exponential backoff.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::crd::Kind;
+
+/// Identifies one custom resource.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub kind: Kind,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Key {
+    pub fn new(kind: Kind, namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Key {
+            kind,
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    ready: VecDeque<Key>,
+    queued: HashSet<Key>,
+    active: HashSet<Key>,
+    /// Changed while active: run again once done.
+    dirty: HashSet<Key>,
+    failures: HashMap<Key, u32>,
+}
+
+#[derive(Default)]
+pub struct Queue {
+    inner: Mutex<Inner>,
+    notify: Notify,
+}
+
+const RETRY_BASE: Duration = Duration::from_millis(500);
+const RETRY_CAP: Duration = Duration::from_secs(120);
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Schedules `key`; a key already waiting is not added twice.
+    pub fn add(&self, key: Key) {
+        let mut inner = self.lock();
+        if inner.active.contains(&key) {
+            inner.dirty.insert(key);
+        } else if inner.queued.insert(key.clone()) {
+            inner.ready.push_back(key);
+            drop(inner);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Schedules `key` after `delay` (on tokio's clock).
+    pub fn add_after(self: &std::sync::Arc<Self>, key: Key, delay: Duration) {
+        let queue = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            queue.add(key);
+        });
+    }
+
+    /// Waits for the next key and marks it active.
+    pub async fn next(&self) -> Key {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut inner = self.lock();
+                if let Some(key) = inner.ready.pop_front() {
+                    inner.queued.remove(&key);
+                    inner.active.insert(key.clone());
+                    let more = !inner.ready.is_empty();
+                    drop(inner);
+                    if more {
+                        self.notify.notify_one();
+                    }
+                    return key;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Marks `key` finished. `Ok` resets its failure count; `Err` returns the delay
+    /// before the retry.
+    pub fn done(&self, key: &Key, ok: bool) -> Option<Duration> {
+        let mut inner = self.lock();
+        inner.active.remove(key);
+        let retry = if ok {
+            inner.failures.remove(key);
+            None
+        } else {
+            let n = inner.failures.entry(key.clone()).or_insert(0);
+            *n = n.saturating_add(1);
+            Some(retry_delay(*n))
+        };
+        if inner.dirty.remove(key) && inner.queued.insert(key.clone()) {
+            inner.ready.push_back(key.clone());
+            drop(inner);
+            self.notify.notify_one();
+        }
+        retry
+    }
+
+    /// Keys waiting to be reconciled.
+    pub fn depth(&self) -> usize {
+        self.lock().ready.len()
+    }
+}
+
+/// 0.5 s, 1 s, 2 s, … capped at 2 min.
+pub fn retry_delay(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(16);
+    RETRY_BASE.saturating_mul(1 << exp).min(RETRY_CAP)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn key(n: &str) -> Key {
+        Key::new(Kind::Agent, "ns", n)
+    }
+
+    #[tokio::test]
+    async fn bursts_coalesce_into_one_entry() {
+        let q = Queue::default();
+        for _ in 0..100 {
+            q.add(key("a"));
+        }
+        q.add(key("b"));
+        assert_eq!(q.depth(), 2);
+        assert_eq!(q.next().await, key("a"));
+        assert_eq!(q.next().await, key("b"));
+        assert_eq!(q.depth(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_key_changed_while_active_runs_again_after() {
+        let q = Queue::default();
+        q.add(key("a"));
+        let k = q.next().await;
+        q.add(key("a"));
+        q.add(key("a"));
+        assert_eq!(q.depth(), 0, "never handed out twice at once");
+        assert_eq!(q.done(&k, true), None);
+        assert_eq!(q.depth(), 1);
+        assert_eq!(q.next().await, key("a"));
+    }
+
+    #[tokio::test]
+    async fn failures_back_off_and_reset_on_success() {
+        let q = Queue::default();
+        let k = key("a");
+        let mut delays = vec![];
+        for _ in 0..12 {
+            q.add(k.clone());
+            let k = q.next().await;
+            delays.push(q.done(&k, false).unwrap());
+        }
+        assert_eq!(delays[0], Duration::from_millis(500));
+        assert_eq!(delays[1], Duration::from_secs(1));
+        assert_eq!(delays[2], Duration::from_secs(2));
+        assert!(delays.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(*delays.last().unwrap(), RETRY_CAP);
+        q.add(k.clone());
+        let k = q.next().await;
+        assert_eq!(q.done(&k, true), None);
+        q.add(k.clone());
+        let k = q.next().await;
+        assert_eq!(q.done(&k, false), Some(Duration::from_millis(500)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn add_after_waits_on_tokios_clock() {
+        let q = Arc::new(Queue::default());
+        q.add_after(key("a"), Duration::from_secs(30));
+        tokio::task::yield_now().await;
+        assert_eq!(q.depth(), 0);
+        tokio::time::advance(Duration::from_secs(31)).await;
+        tokio::task::yield_now().await;
+        assert_eq!(q.next().await, key("a"));
+    }
+
+    #[tokio::test]
+    async fn waiting_workers_wake() {
+        let q = Arc::new(Queue::default());
+        let w = tokio::spawn({
+            let q = q.clone();
+            async move { q.next().await }
+        });
+        tokio::task::yield_now().await;
+        q.add(key("z"));
+        assert_eq!(w.await.unwrap(), key("z"));
+    }
+}
