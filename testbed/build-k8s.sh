@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Build the Kubernetes v1.20.2 server binaries from the Debian source package
+# kubernetes/bookworm, offline, into
+#   ${AUTONOMIC_TESTBED_CACHE:-$HOME/.cache/autonomic-testbed}/k8s-v1.20.2/bin/
+# Skips everything when all five binaries are already there.
+#
+# Why each unusual step is needed is recorded in shared/testbed-facts.md:
+#  - GOPATH mode (module mode with -mod=vendor fails on the Debian tree),
+#  - the OpenAPI definitions must be generated (the tarball lacks them),
+#  - vendored reflect2 v1.0.1 crashes under Go 1.19 -> replaced by Debian's v1.0.2,
+#  - cAdvisor's docker retry (5 x 1 s at every kubelet start) is shortened.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+source "${HERE}/lib.sh"
+
+# Debian's source version of kubernetes in bookworm (a 1.20.2 tree despite the name).
+DEB_SRC_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
+
+if k8s_binaries_present; then
+    log "k8s ${K8S_VERSION} binaries already built in ${K8S_BIN_DIR}"
+    exit 0
+fi
+
+T0="$(now_s)"
+ensure_packages golang-go dpkg-dev golang-github-modern-go-reflect2-dev ca-certificates
+ensure_deb_src
+log "packages ready ($(elapsed "$T0") s)"
+
+GOPATH_DIR="${K8S_CACHE_DIR}/gopath"
+SRC="${GOPATH_DIR}/src/k8s.io/kubernetes"
+export GOPATH="${GOPATH_DIR}"
+# Keep Go's build cache with the other cached artefacts (~1.5 GB); a rebuild after
+# deleting bin/ then takes about a minute instead of ~5.
+export GOCACHE="${K8S_CACHE_DIR}/go-build-cache"
+export GO111MODULE=off CGO_ENABLED=0 GOFLAGS=""
+export GOTOOLCHAIN=local
+
+# ---------------------------------------------------------------- source
+# The unpacked tree is kept; a marker tells that it was fully prepared (unpacked,
+# patched, openapi generated), so an interrupted run starts the tree over.
+if [[ ! -e "${SRC}/.testbed-prepared" ]]; then
+    T="$(now_s)"
+    rm -rf "${SRC}" "${K8S_CACHE_DIR}/debsrc"
+    mkdir -p "${K8S_CACHE_DIR}/debsrc" "$(dirname "${SRC}")"
+    log "apt-get source kubernetes=${DEB_SRC_VERSION}"
+    # Pin the exact version: bookworm's source still has the server code
+    # (34 MB with vendor/); later suites do not.
+    (cd "${K8S_CACHE_DIR}/debsrc" && apt-get source -qq "kubernetes=${DEB_SRC_VERSION}" >&2)
+    unpacked="$(find "${K8S_CACHE_DIR}/debsrc" -mindepth 1 -maxdepth 1 -type d -name 'kubernetes-*' | head -n1)"
+    [[ -n "$unpacked" && -d "$unpacked/cmd/kube-apiserver" ]] || die "apt-get source gave no kubernetes tree"
+    # GOPATH mode: the tree must live at $GOPATH/src/k8s.io/kubernetes so that its
+    # vendor/ directory is used for k8s.io/kubernetes/... imports.
+    mv "$unpacked" "${SRC}"
+    rm -rf "${K8S_CACHE_DIR}/debsrc"
+    log "source unpacked ($(elapsed "$T") s)"
+
+    # reflect2 v1.0.1 (vendored) faults under Go 1.19 on the first CR create.
+    rm -rf "${SRC}/vendor/github.com/modern-go/reflect2"
+    mkdir -p "${SRC}/vendor/github.com/modern-go/reflect2"
+    cp -a /usr/share/gocode/src/github.com/modern-go/reflect2/. "${SRC}/vendor/github.com/modern-go/reflect2/"
+    # Debian's copy may carry its own go.mod/tests; harmless in GOPATH mode, but
+    # test files would only slow `go list`.
+    find "${SRC}/vendor/github.com/modern-go/reflect2" -name '*_test.go' -delete
+
+    # Optional speed-up: kubelet's cAdvisor waits 5 x 1 s for a Docker daemon.
+    factory="${SRC}/vendor/github.com/google/cadvisor/container/docker/factory.go"
+    # (v1.20.2 vendors: `const rootDirRetryPeriod time.Duration = 1000 * time.Millisecond`)
+    if grep -q '^const rootDirRetryPeriod time.Duration = ' "$factory"; then
+        sed -i 's/^\(const rootDirRetryPeriod time.Duration = \).*/\110 * time.Millisecond/' "$factory"
+    else
+        log "note: cadvisor rootDirRetryPeriod not found, docker retry not shortened"
+    fi
+
+    # -------------------------------------------------------- openapi
+    T="$(now_s)"
+    log "generating pkg/generated/openapi"
+    mkdir -p "${K8S_CACHE_DIR}/tools"
+    (cd "${SRC}" && go build -o "${K8S_CACHE_DIR}/tools/openapi-gen" ./vendor/k8s.io/kube-openapi/cmd/openapi-gen)
+    # Every package directory whose Go files carry a +k8s:openapi-gen= tag.
+    # staging/src/k8s.io/X is what vendor/k8s.io/X points at; in GOPATH mode the
+    # import path is k8s.io/kubernetes/vendor/k8s.io/X.
+    input_dirs="$(
+        cd "${SRC}" &&
+            grep -rl --include='*.go' --exclude='*_test.go' '+k8s:openapi-gen=' \
+                --exclude-dir=vendor --exclude-dir=_output --exclude-dir=.git --exclude-dir=testdata . |
+            xargs -n1 dirname | sed 's,^\./,,' | LC_ALL=C sort -u |
+            grep -v -e '^staging/src/k8s.io/code-generator' -e '^staging/src/k8s.io/sample-apiserver' |
+            sed -e 's,^staging/src/,k8s.io/kubernetes/vendor/,' -e 't' -e 's,^,k8s.io/kubernetes/,' |
+            paste -sd, -
+    )"
+    [[ -n "$input_dirs" ]] || die "no +k8s:openapi-gen packages found"
+    mkdir -p "${K8S_CACHE_DIR}/tools/out"
+    (cd "${SRC}" && "${K8S_CACHE_DIR}/tools/openapi-gen" \
+        --input-dirs "$input_dirs" \
+        --output-base "${GOPATH_DIR}/src" \
+        --output-package k8s.io/kubernetes/pkg/generated/openapi \
+        -O zz_generated.openapi \
+        --go-header-file "${SRC}/vendor/k8s.io/code-generator/hack/boilerplate.go.txt" \
+        --report-filename "${K8S_CACHE_DIR}/tools/out/violations.report" >&2)
+    [[ -s "${SRC}/pkg/generated/openapi/zz_generated.openapi.go" ]] || die "openapi-gen wrote nothing"
+    if [[ -f "${SRC}/api/api-rules/violation_exceptions.list" ]] &&
+        ! diff -q "${SRC}/api/api-rules/violation_exceptions.list" "${K8S_CACHE_DIR}/tools/out/violations.report" >/dev/null; then
+        log "note: openapi violation report differs from api/api-rules/violation_exceptions.list (not fatal)"
+    fi
+    log "openapi generated ($(elapsed "$T") s)"
+    touch "${SRC}/.testbed-prepared"
+fi
+
+# ---------------------------------------------------------------- build
+ldflags="-s -w"
+for pkg in k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version k8s.io/kubernetes/vendor/k8s.io/component-base/version; do
+    ldflags+=" -X ${pkg}.gitVersion=${K8S_VERSION}"
+    ldflags+=" -X ${pkg}.gitMajor=${K8S_MAJOR}"
+    ldflags+=" -X ${pkg}.gitMinor=${K8S_MINOR}"
+    ldflags+=" -X ${pkg}.gitTreeState=clean"
+    ldflags+=" -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
+done
+
+mkdir -p "${K8S_BIN_DIR}"
+# Largest first: kube-apiserver warms most of the cache for the others.
+for b in kube-apiserver kube-controller-manager kubelet kube-scheduler kube-proxy; do
+    [[ -x "${K8S_BIN_DIR}/${b}" ]] && continue
+    T="$(now_s)"
+    log "go build ${b}"
+    (cd "${SRC}" && go build -tags 'selinux notest' -ldflags "$ldflags" \
+        -o "${K8S_BIN_DIR}/${b}.tmp" "./cmd/${b}")
+    mv -f "${K8S_BIN_DIR}/${b}.tmp" "${K8S_BIN_DIR}/${b}"
+    log "built ${b} in $(elapsed "$T") s ($(du -m "${K8S_BIN_DIR}/${b}" | cut -f1) MiB)"
+done
+
+"${K8S_BIN_DIR}/kube-apiserver" --version >&2
+log "all binaries in ${K8S_BIN_DIR} (total $(elapsed "$T0") s)"

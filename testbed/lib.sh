@@ -1,0 +1,105 @@
+# shellcheck shell=bash
+# Shared helpers for the test-bed scripts (sourced, never executed).
+#
+# Everything here must work on a fresh Debian 12 machine (packages are installed
+# on demand) and be cheap on a machine where everything is already present.
+
+# Pinned Kubernetes version: the Debian source package kubernetes/bookworm is
+# 1.20.5+really1.20.2 (a 1.20.2 tree); newer suites ship a kubectl-only source.
+K8S_VERSION="v1.20.2"
+# Used by build-k8s.sh (version ldflags).
+# shellcheck disable=SC2034
+K8S_MAJOR="1"
+# shellcheck disable=SC2034
+K8S_MINOR="20"
+
+TESTBED_CACHE="${AUTONOMIC_TESTBED_CACHE:-${HOME:-/root}/.cache/autonomic-testbed}"
+K8S_CACHE_DIR="${TESTBED_CACHE}/k8s-${K8S_VERSION}"
+K8S_BIN_DIR="${K8S_CACHE_DIR}/bin"
+K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
+
+log() { printf '[testbed %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# Whether every package given is installed (dpkg's view, no network).
+packages_installed() {
+    local p status
+    for p in "$@"; do
+        status="$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)"
+        [[ "$status" == "installed" ]] || return 1
+    done
+}
+
+_TESTBED_APT_UPDATED=0
+apt_update_once() {
+    if [[ "$_TESTBED_APT_UPDATED" == 0 ]]; then
+        log "apt-get update"
+        apt-get update -qq >&2
+        _TESTBED_APT_UPDATED=1
+    fi
+}
+
+# Install missing Debian packages. A temporary policy-rc.d exiting 101 keeps
+# packages such as containerd and etcd-server from starting system services
+# (they would grab the default sockets/ports and are not what we run).
+ensure_packages() {
+    local missing=() p
+    for p in "$@"; do
+        packages_installed "$p" || missing+=("$p")
+    done
+    [[ ${#missing[@]} -eq 0 ]] && return 0
+    [[ "$(id -u)" == 0 ]] || die "need root to install: ${missing[*]}"
+    apt_update_once
+    log "apt-get install ${missing[*]}"
+    local prc=/usr/sbin/policy-rc.d backup=""
+    if [[ -e "$prc" ]]; then
+        backup="$(mktemp)"
+        cp -a "$prc" "$backup"
+    fi
+    printf '#!/bin/sh\n# temporary, written by autonomic testbed\nexit 101\n' >"$prc"
+    chmod 0755 "$prc"
+    local rc=0
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >&2 || rc=$?
+    if [[ -n "$backup" ]]; then
+        mv -f "$backup" "$prc"
+    else
+        rm -f "$prc"
+    fi
+    [[ $rc -eq 0 ]] || die "apt-get install failed (rc=$rc)"
+}
+
+# apt-get source needs a deb-src entry; the image only has binary entries.
+ensure_deb_src() {
+    local f=/etc/apt/sources.list.d/autonomic-testbed-src.sources
+    if [[ ! -e "$f" ]]; then
+        log "adding deb-src entries for bookworm ($f)"
+        cat >"$f" <<'EOF'
+# Added by autonomic testbed (testbed/lib.sh) so that `apt-get source` works.
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb-src
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+        _TESTBED_APT_UPDATED=0
+    fi
+    apt_update_once
+}
+
+k8s_binaries_present() {
+    local b
+    for b in "${K8S_BINARIES[@]}"; do
+        [[ -x "${K8S_BIN_DIR}/${b}" ]] || return 1
+    done
+}
+
+# Seconds since the epoch with millisecond precision, for timings.
+now_s() { date +%s.%N | cut -c1-14; }
+elapsed() { awk -v a="$1" -v b="$(now_s)" 'BEGIN { printf "%.1f", b - a }'; }
