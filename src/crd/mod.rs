@@ -64,15 +64,21 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![Agent::crd(), Tool::crd(), Runtime::crd(), Memory::crd()]
 }
 
-/// What `autonomic-manager crds` prints and `crds/` holds: one YAML document per kind.
-pub fn crds_yaml() -> String {
+/// `crds/<name>.yaml` and its content, one file per kind.
+pub fn crd_files() -> Vec<(String, String)> {
     crds()
         .iter()
         .map(|crd| {
             let yaml = serde_saphyr::to_string(crd).expect("a CRD always serializes");
-            format!("---\n{yaml}")
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            (format!("{name}.yaml"), format!("---\n{yaml}"))
         })
         .collect()
+}
+
+/// What `autonomic-manager crds` prints: every CRD, one YAML document each.
+pub fn crds_yaml() -> String {
+    crd_files().into_iter().map(|(_, yaml)| yaml).collect()
 }
 
 /// A condition list entry; kept simple rather than `meta/v1.Condition` so an absent

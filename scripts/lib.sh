@@ -1,0 +1,69 @@
+# Shared by scripts/dev and scripts/test: install what the build needs and start (or
+# reuse) a cluster. Sourced, not run.
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bin="$root/target/x86_64-unknown-linux-musl/release/autonomic-manager"
+image=ghcr.io/autonomic-sh/autonomic-manager:0.1.0
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+# The musl target and a C compiler for it (ring builds C); buildah for the image.
+ensure_toolchain() {
+    if ! rustup target list --installed | grep -qx x86_64-unknown-linux-musl; then
+        log "adding the rust target x86_64-unknown-linux-musl"
+        rustup target add x86_64-unknown-linux-musl
+    fi
+    local missing=()
+    command -v musl-gcc >/dev/null || missing+=(musl-tools)
+    command -v buildah >/dev/null || missing+=(buildah)
+    command -v kubectl >/dev/null || missing+=(kubernetes-client)
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "installing ${missing[*]}"
+        apt-get -o DPkg::Lock::Timeout=600 update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
+# Uses $KUBECONFIG when set (or ~/.kube/config); otherwise starts the project's test bed
+# (full mode: a node that runs pods) and stops it on exit. Sets AUTONOMIC_TESTBED_MODE
+# (full|apiserver) and TESTBED_OURS (1 when this script started it).
+ensure_cluster() {
+    TESTBED_OURS=0
+    if [ -z "${KUBECONFIG:-}" ] && [ -f "$HOME/.kube/config" ]; then
+        export KUBECONFIG="$HOME/.kube/config"
+    fi
+    if [ -n "${KUBECONFIG:-}" ]; then
+        log "using the cluster of KUBECONFIG=$KUBECONFIG"
+    else
+        local mode=()
+        [ "${AUTONOMIC_TESTBED_MODE:-full}" = apiserver ] && mode=(--apiserver-only)
+        [ -n "${KUBEBUILDER_ASSETS:-}" ] || "$root/testbed/build-k8s.sh" >&2
+        log "starting the test bed ${mode[*]:-(full)}"
+        local out
+        out=$("$root/testbed/cluster.sh" up "${mode[@]}")
+        eval "$(printf '%s\n' "$out" | tail -n1)"
+        TESTBED_OURS=1
+        trap '"$root/testbed/cluster.sh" down >&2 || true' EXIT
+    fi
+    if kubectl get nodes -o name 2>/dev/null | grep -q .; then
+        export AUTONOMIC_TESTBED_MODE=full
+    else
+        export AUTONOMIC_TESTBED_MODE=apiserver
+    fi
+    log "cluster mode: $AUTONOMIC_TESTBED_MODE"
+}
+
+# Builds the manager image from the Dockerfile and loads it into the test bed's
+# containerd (only possible for a test bed this project runs).
+load_image() {
+    [ "$AUTONOMIC_TESTBED_MODE" = full ] || return 0
+    "$root/testbed/cluster.sh" status >/dev/null 2>&1 || { log "not our test bed: image $image not loaded"; return 0; }
+    log "building $image from the Dockerfile (buildah)"
+    local tar
+    tar=$(mktemp --suffix=.tar)
+    (cd "$root" && buildah --storage-driver vfs bud --quiet -t "$image" . >/dev/null)
+    rm -f "$tar"
+    buildah --storage-driver vfs push --quiet "$image" "docker-archive:$tar:$image" >/dev/null
+    "$root/testbed/cluster.sh" import "$tar" >&2
+    rm -f "$tar"
+}

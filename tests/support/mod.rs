@@ -1,0 +1,327 @@
+//! Test bed access for the integration tests: a client for the real API server the
+//! project's scripts started (`KUBECONFIG`), a namespace per test, and the manager
+//! binary itself run as a child process scoped to that namespace.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+
+pub const AGENTLET_IMAGE: &str = "autonomic.test/agentlet:1";
+pub const BUSYBOX_IMAGE: &str = "autonomic.test/busybox:1";
+/// Long enough for a pod on a loaded 2-core machine; this is a bound, not a claim.
+pub const WAIT: Duration = Duration::from_secs(90);
+
+/// A client for the test bed. Fails loudly (never skips) when there is none.
+pub async fn client() -> Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    assert!(
+        std::env::var_os("KUBECONFIG").is_some(),
+        "KUBECONFIG is not set: run the suite with scripts/test, which starts the test bed"
+    );
+    let client = Client::try_default()
+        .await
+        .expect("a client for the test bed");
+    ensure_crds(&client).await;
+    client
+}
+
+/// Installs the CRDs (server-side apply: idempotent) and waits until they are served.
+pub async fn ensure_crds(client: &Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Patch, PatchParams};
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in autonomic_manager::crd::crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        api.patch(
+            &name,
+            &PatchParams::apply("autonomic-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("apply CRD");
+        wait_for(&api, &name, "Established", |c| {
+            c.status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
+        .await;
+    }
+}
+
+/// Whether the test bed runs a node (pods really start). `scripts/test` says so.
+pub fn has_node() -> bool {
+    std::env::var("AUTONOMIC_TESTBED_MODE").as_deref() != Ok("apiserver")
+}
+
+/// Skips nothing silently: a node-dependent test on an apiserver-only bed fails with a
+/// reason unless the run explicitly says pods cannot run here.
+pub fn require_node() {
+    assert!(
+        has_node(),
+        "this test needs a node that runs pods; the test bed was started apiserver-only"
+    );
+}
+
+/// A namespace of its own for one test; deleted on drop.
+pub struct TestNamespace {
+    pub name: String,
+    client: Client,
+}
+
+impl TestNamespace {
+    pub async fn new(client: &Client, prefix: &str) -> Self {
+        let suffix = format!(
+            "{:x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+                % 0xffff_ffff
+        );
+        let name = format!("{prefix}-{suffix}");
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"autonomic.test/suite": "true"}}
+        }))
+        .unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create test namespace");
+        // The ServiceAccount controller must have made `default` before pods can be created.
+        if has_node() {
+            let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+                Api::namespaced(client.clone(), &name);
+            wait_until("default ServiceAccount", || async {
+                sa.get_opt("default").await.ok().flatten().is_some()
+            })
+            .await;
+        }
+        TestNamespace {
+            name,
+            client: client.clone(),
+        }
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let client = self.client.clone();
+        let name = self.name.clone();
+        // Best effort; the test bed is torn down after the suite anyway.
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async move {
+                    let _ = Api::<Namespace>::all(client)
+                        .delete(&name, &DeleteParams::background())
+                        .await;
+                });
+        })
+        .join();
+    }
+}
+
+/// Polls `check` every 100 ms until it holds; panics with `what` after [`WAIT`].
+pub async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out after {WAIT:?} waiting for {what}");
+}
+
+/// Waits until object `name` exists and `pred` holds for it; returns it.
+pub async fn wait_for<K, P>(api: &Api<K>, name: &str, what: &str, pred: P) -> K
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+    P: Fn(&K) -> bool,
+{
+    let deadline = Instant::now() + WAIT;
+    let mut last = None;
+    while Instant::now() < deadline {
+        match api.get_opt(name).await {
+            Ok(Some(obj)) if pred(&obj) => return obj,
+            Ok(other) => last = other,
+            Err(e) => eprintln!("get {name}: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out after {WAIT:?} waiting for {name} to be {what}; last seen: {last:#?}");
+}
+
+/// Waits until object `name` is gone.
+pub async fn wait_gone<K>(api: &Api<K>, name: &str)
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    wait_until(&format!("{name} to be deleted"), || async {
+        matches!(api.get_opt(name).await, Ok(None))
+    })
+    .await;
+}
+
+/// Where every test's manager logs go; the token-leak test reads them all.
+pub fn log_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-logs");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The manager binary, run as a child process.
+pub struct Manager {
+    child: Child,
+    pub log: PathBuf,
+    pub probe: String,
+}
+
+impl Manager {
+    /// Starts the manager watching only `namespace`, with extra environment.
+    pub fn start(namespace: &str, env: &[(&str, &str)]) -> Manager {
+        let log = log_dir().join(format!("{namespace}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_autonomic-manager"));
+        cmd.env_clear()
+            .env(
+                "KUBECONFIG",
+                std::env::var("KUBECONFIG").unwrap_or_default(),
+            )
+            .env("AUTONOMIC_NAMESPACES", namespace)
+            .env("AUTONOMIC_PROBE_ADDR", "127.0.0.1:0")
+            .env("AUTONOMIC_AGENTLET_IMAGE", AGENTLET_IMAGE)
+            .env("AUTONOMIC_LOG", "info,autonomic_manager=debug")
+            .env("POD_NAME", format!("test-{namespace}"))
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file);
+        let child = cmd.spawn().expect("spawn autonomic-manager");
+        let mut m = Manager {
+            child,
+            log,
+            probe: String::new(),
+        };
+        m.probe = m
+            .wait_log("probe_addr=", Duration::from_secs(30))
+            .split("probe_addr=")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .expect("probe address in the start line")
+            .to_owned();
+        m
+    }
+
+    /// Waits for a log line containing `needle`; returns it.
+    pub fn wait_log(&mut self, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let f = std::fs::File::open(&self.log).unwrap();
+            if let Some(line) = BufReader::new(f)
+                .lines()
+                .map_while(Result::ok)
+                .find(|l| l.contains(needle))
+            {
+                return line;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "manager exited ({status}) before logging {needle:?}:\n{}",
+                    self.logs()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no log line with {needle:?}:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// GET a path on the probe server.
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&self.probe)
+            .await
+            .expect("probe connect");
+        s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        let code = out[9..12].parse().unwrap();
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|x| x.1)
+            .unwrap_or("")
+            .to_owned();
+        (code, body)
+    }
+
+    /// The value of a metric series (exact name with labels).
+    pub async fn metric(&self, series: &str) -> f64 {
+        let (_, body) = self.get("/metrics").await;
+        body.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no series {series} in:\n{body}"))
+    }
+
+    pub async fn wait_ready(&self) {
+        wait_until("manager /readyz", || async {
+            self.get("/readyz").await.0 == 200
+        })
+        .await;
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal and waits for the exit code (None when killed by a signal).
+    pub fn stop(&mut self, signal: &str) -> Option<i32> {
+        Command::new("kill")
+            .args([format!("-{signal}"), self.child.id().to_string()])
+            .status()
+            .unwrap();
+        self.child.wait().unwrap().code()
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Builds an object from YAML, for readable fixtures.
+pub fn yaml<K: DeserializeOwned>(text: &str) -> K {
+    serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("fixture does not parse: {e}\n{text}"))
+}
