@@ -93,10 +93,25 @@ EOF
     apt_update_once
 }
 
+# Patch level of the source patches a binary carries (see build-k8s.sh). Bump a
+# binary's level whenever build-k8s.sh changes a patch that affects it: its cached
+# build (stamp file ${K8S_BIN_DIR}/.<binary>.patch-level, missing = 0) is then
+# stale and only that binary is rebuilt.
+#   kubelet 1: status manager syncPeriod 10 s -> 1 s
+declare -gA K8S_PATCH_LEVEL=([kubelet]=1)
+
+# Whether binary $1 is built and carries the current patch level.
+k8s_binary_current() {
+    local b="$1" have
+    [[ -x "${K8S_BIN_DIR}/${b}" ]] || return 1
+    have="$(cat "${K8S_BIN_DIR}/.${b}.patch-level" 2>/dev/null || true)"
+    [[ "${have:-0}" == "${K8S_PATCH_LEVEL[$b]:-0}" ]]
+}
+
 k8s_binaries_present() {
     local b
     for b in "${K8S_BINARIES[@]}"; do
-        [[ -x "${K8S_BIN_DIR}/${b}" ]] || return 1
+        k8s_binary_current "$b" || return 1
     done
 }
 
