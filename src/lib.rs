@@ -3,6 +3,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod connect;
 pub mod crd;
 pub mod health;
 pub mod metrics;
