@@ -417,25 +417,24 @@ async fn unpullable_image_and_hostile_specs_end_in_error() {
     })
     .await;
 
-    // A quantity the API server refuses: reported, not retried in a loop.
-    create(&agents, &agent("greedy", "")).await;
-    merge(
-        &agents,
-        "greedy",
-        json!({"spec": {"runtime": {"resources": {"limits": {"memory": "lots"}}}}}),
-    )
+    // A quantity the CRD schema cannot check but the pod API refuses: reported as Error
+    // (and, below, not retried in a loop).
+    let mut greedy = agent("greedy", "");
+    greedy.spec.runtime.resources = Some(yaml("{limits: {memory: lots}}"));
+    create(&agents, &greedy).await;
+    let a = wait_for(&agents, "greedy", "Error", |a| {
+        phase(a) == Some(AgentPhase::Error)
+    })
     .await;
-    // (Schema rejects "lots" outright or the pod is refused; either way no crash.)
-    let a = agents.get("greedy").await.unwrap();
-    let _ = a;
+    assert!(
+        message(&a).contains("refused") && message(&a).contains("quantities"),
+        "{}",
+        message(&a)
+    );
     // Absurd but valid sizes: the pod cannot be scheduled and the Agent says why.
-    create(&agents, &agent("huge", ", memory: []")).await;
-    merge(
-        &agents,
-        "huge",
-        json!({"spec": {"runtime": {"resources": {"requests": {"memory": "900Ti"}}}}}),
-    )
-    .await;
+    let mut huge = agent("huge", "");
+    huge.spec.runtime.resources = Some(yaml("{requests: {memory: 900Ti}}"));
+    create(&agents, &huge).await;
     let a = wait_for(&agents, "huge", "Pending as unschedulable", |a| {
         message(a).contains("unschedulable")
     })

@@ -1,1 +1,436 @@
-//! (being written)
+//! How long to wait before dialling the control plane again (PROTOCOL.md §4.6–4.8).
+//!
+//! [`Backoff`] is a plain value: capped exponential growth with full jitter. The
+//! randomness is an argument of [`Backoff::next_delay_with`], so tests are deterministic;
+//! [`Backoff::next_delay`] draws from the operating system through ring. [`Reconnect`]
+//! holds the three waits of the spec and picks one per [`Retry`].
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Why a backoff was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidBackoff {
+    /// Delays are whole milliseconds (see [`Backoff::next_delay_with`]); a smaller
+    /// floor, and above all zero, would retry in a tight loop.
+    #[error("the initial backoff must be at least 1 ms, got {0:?}")]
+    InitialTooSmall(Duration),
+    #[error("the maximum backoff {max:?} is below the initial backoff {initial:?}")]
+    MaxBelowInitial { initial: Duration, max: Duration },
+}
+
+/// Capped exponential backoff with full jitter: the `n`th delay (from 0) is uniform in
+/// `[0, min(max, initial × 2ⁿ)]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    /// Delays handed out since the last reset; saturates instead of wrapping.
+    attempt: u32,
+}
+
+impl Backoff {
+    pub fn new(initial: Duration, max: Duration) -> Result<Self, InvalidBackoff> {
+        if initial < Duration::from_millis(1) {
+            return Err(InvalidBackoff::InitialTooSmall(initial));
+        }
+        if max < initial {
+            return Err(InvalidBackoff::MaxBelowInitial { initial, max });
+        }
+        Ok(Backoff {
+            initial,
+            max,
+            attempt: 0,
+        })
+    }
+
+    pub fn initial(&self) -> Duration {
+        self.initial
+    }
+
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
+    /// How many delays were handed out since the last reset.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The upper bound of the delay for `attempt`: `min(max, initial × 2^attempt)`.
+    pub fn ceiling(&self, attempt: u32) -> Duration {
+        // Doubling from ≥ 1 ms reaches even `Duration::MAX` within 75 steps, so this loop is
+        // short however large `attempt` is, and saturating math cannot overflow.
+        let mut ceiling = self.initial;
+        for _ in 0..attempt {
+            if ceiling >= self.max {
+                break;
+            }
+            ceiling = ceiling.saturating_mul(2);
+        }
+        ceiling.min(self.max)
+    }
+
+    /// The next delay, drawn from the operating system's random source.
+    pub fn next_delay(&mut self) -> Duration {
+        self.next_delay_with(system_random)
+    }
+
+    /// The next delay, with `random` supplying uniformly distributed `u64`s.
+    ///
+    /// Delays are whole milliseconds: tokio's timer has millisecond resolution, so
+    /// finer jitter would be rounded anyway, and whole milliseconds let paused-clock
+    /// tests compare instants exactly.
+    pub fn next_delay_with(&mut self, mut random: impl FnMut() -> u64) -> Duration {
+        let ceiling = self.ceiling(self.attempt);
+        self.attempt = self.attempt.saturating_add(1);
+        // A ceiling past u64::MAX ms (585 million years) is clamped; then the
+        // multiply-high maps `random` uniformly onto 0..=ceiling_ms without overflow.
+        let ceiling_ms = u64::try_from(ceiling.as_millis())
+            .unwrap_or(u64::MAX)
+            .min(u64::MAX - 1);
+        let span = u128::from(ceiling_ms) + 1;
+        let ms = (u128::from(random()) * span) >> 64;
+        // `ms <= ceiling_ms`, so the conversion cannot fail.
+        Duration::from_millis(u64::try_from(ms).unwrap_or(ceiling_ms))
+    }
+
+    /// Back to the first, shortest delay: the session was welcomed.
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+/// A uniformly random `u64` from ring's `SystemRandom` (reached through rustls's ring
+/// provider, which wraps it).
+fn system_random() -> u64 {
+    static SOURCE: OnceLock<&'static dyn rustls::crypto::SecureRandom> = OnceLock::new();
+    let source = SOURCE.get_or_init(|| rustls::crypto::ring::default_provider().secure_random);
+    let mut bytes = [0; 8];
+    match source.fill(&mut bytes) {
+        Ok(()) => u64::from_ne_bytes(bytes),
+        // Without randomness wait the full ceiling: never shorter than the schedule.
+        Err(_) => u64::MAX,
+    }
+}
+
+/// Why the session is about to wait before dialling again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Refused, unreachable, TLS, 404, no `welcome` in time, dead connection, close
+    /// 4002 `protocol error`, …: the normal schedule.
+    Normal,
+    /// Upgrade answered 401/403, or close 4001 `token revoked`: the same growth, with
+    /// a longer cap so a revoked token does not hammer the platform.
+    Rejected,
+    /// Close 4000: a newer connection took the deployment; wait the fixed eviction
+    /// delay so two installs sharing a token do not flap.
+    Evicted,
+}
+
+impl Retry {
+    /// The schedule for an upgrade refused with this HTTP status.
+    pub fn for_upgrade_status(status: u16) -> Retry {
+        match status {
+            401 | 403 => Retry::Rejected,
+            _ => Retry::Normal,
+        }
+    }
+
+    /// The schedule after the control plane closed the socket with this code.
+    pub fn for_close_code(code: u16) -> Retry {
+        match code {
+            4000 => Retry::Evicted,
+            4001 => Retry::Rejected,
+            _ => Retry::Normal,
+        }
+    }
+}
+
+/// The spec's defaults, which `AUTONOMIC_BACKOFF_*` and `AUTONOMIC_EVICTION_DELAY_S`
+/// override.
+pub const DEFAULT_INITIAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_MAX: Duration = Duration::from_secs(60);
+pub const DEFAULT_EVICTION_DELAY: Duration = Duration::from_secs(300);
+
+/// The rejected-token cap as a multiple of the normal cap: §4.6 says 60 s and 5 min,
+/// and keeping the ratio makes `AUTONOMIC_BACKOFF_MAX_MS` tune both schedules.
+pub const REJECTED_CAP_FACTOR: u32 = 5;
+
+/// The waits between connection attempts, one schedule per [`Retry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reconnect {
+    normal: Backoff,
+    rejected: Backoff,
+    eviction_delay: Duration,
+}
+
+impl Reconnect {
+    /// `initial` and `max` are the normal schedule; the rejected one shares `initial`
+    /// and caps at `max × REJECTED_CAP_FACTOR`.
+    pub fn new(
+        initial: Duration,
+        max: Duration,
+        eviction_delay: Duration,
+    ) -> Result<Self, InvalidBackoff> {
+        Ok(Reconnect {
+            normal: Backoff::new(initial, max)?,
+            rejected: Backoff::new(initial, max.saturating_mul(REJECTED_CAP_FACTOR))?,
+            eviction_delay,
+        })
+    }
+
+    /// How long to wait before the next dial, advancing that reason's schedule.
+    pub fn delay(&mut self, why: Retry) -> Duration {
+        self.delay_with(why, system_random)
+    }
+
+    /// [`Self::delay`] with injected randomness (see [`Backoff::next_delay_with`]).
+    pub fn delay_with(&mut self, why: Retry, random: impl FnMut() -> u64) -> Duration {
+        match why {
+            Retry::Normal => self.normal.next_delay_with(random),
+            Retry::Rejected => self.rejected.next_delay_with(random),
+            Retry::Evicted => self.eviction_delay,
+        }
+    }
+
+    /// A `welcome` arrived: both schedules start over.
+    pub fn reset(&mut self) {
+        self.normal.reset();
+        self.rejected.reset();
+    }
+
+    pub fn normal(&self) -> &Backoff {
+        &self.normal
+    }
+
+    pub fn rejected(&self) -> &Backoff {
+        &self.rejected
+    }
+}
+
+impl Default for Reconnect {
+    /// The §4 schedules: 1 s ×2 to 60 s, rejected to 5 min, eviction 5 min.
+    fn default() -> Self {
+        let normal = Backoff {
+            initial: DEFAULT_INITIAL,
+            max: DEFAULT_MAX,
+            attempt: 0,
+        };
+        Reconnect {
+            normal,
+            rejected: Backoff {
+                max: DEFAULT_MAX.saturating_mul(REJECTED_CAP_FACTOR),
+                ..normal
+            },
+            eviction_delay: DEFAULT_EVICTION_DELAY,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    /// xorshift64*: a seeded stand-in for the system source.
+    fn seeded(mut state: u64) -> impl FnMut() -> u64 {
+        state |= 1;
+        move || {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+    }
+
+    #[test]
+    fn new_validates() {
+        assert_eq!(
+            Backoff::new(Duration::ZERO, secs(1)),
+            Err(InvalidBackoff::InitialTooSmall(Duration::ZERO))
+        );
+        assert_eq!(
+            Backoff::new(Duration::from_micros(999), secs(1)),
+            Err(InvalidBackoff::InitialTooSmall(Duration::from_micros(999)))
+        );
+        assert_eq!(
+            Backoff::new(secs(2), secs(1)),
+            Err(InvalidBackoff::MaxBelowInitial {
+                initial: secs(2),
+                max: secs(1)
+            })
+        );
+        assert!(Backoff::new(secs(1), secs(1)).is_ok());
+        assert!(Backoff::new(Duration::from_millis(1), Duration::MAX).is_ok());
+        assert!(Reconnect::new(Duration::ZERO, secs(1), secs(1)).is_err());
+        assert_eq!(
+            Reconnect::new(DEFAULT_INITIAL, DEFAULT_MAX, DEFAULT_EVICTION_DELAY),
+            Ok(Reconnect::default())
+        );
+    }
+
+    #[test]
+    fn normal_ceilings_double_from_1s_and_cap_at_60s() {
+        let normal = *Reconnect::default().normal();
+        let ceilings: Vec<u64> = (0..9).map(|n| normal.ceiling(n).as_secs()).collect();
+        assert_eq!(ceilings, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+
+    #[test]
+    fn rejected_ceilings_reach_5_minutes() {
+        let rejected = *Reconnect::default().rejected();
+        let ceilings: Vec<u64> = (0..11).map(|n| rejected.ceiling(n).as_secs()).collect();
+        assert_eq!(ceilings, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+    }
+
+    #[test]
+    fn huge_attempts_do_not_overflow() {
+        for (initial, max) in [
+            (secs(1), secs(60)),
+            (Duration::from_millis(1), Duration::MAX),
+            (Duration::MAX, Duration::MAX),
+        ] {
+            let mut backoff = Backoff::new(initial, max).unwrap();
+            for n in 0..200 {
+                assert!(backoff.ceiling(n) <= backoff.ceiling(n + 1));
+            }
+            for n in [127, 128, 1000, u32::MAX - 1, u32::MAX] {
+                assert_eq!(backoff.ceiling(n), max, "{initial:?} {max:?} {n}");
+            }
+            backoff.attempt = u32::MAX - 1;
+            let mut random = seeded(3);
+            for _ in 0..3 {
+                assert!(backoff.next_delay_with(&mut random) <= max);
+            }
+            assert_eq!(backoff.attempt(), u32::MAX);
+            // The extremes of the random source stay in range too.
+            assert_eq!(backoff.next_delay_with(|| 0), Duration::ZERO);
+            assert!(backoff.next_delay_with(|| u64::MAX) <= max);
+        }
+    }
+
+    #[test]
+    fn jittered_delays_stay_within_their_ceiling() {
+        let schedules = [
+            Backoff::new(secs(1), secs(60)).unwrap(),
+            Backoff::new(secs(1), secs(300)).unwrap(),
+            Backoff::new(Duration::from_millis(1), Duration::from_millis(7)).unwrap(),
+            Backoff::new(Duration::from_millis(50), secs(2)).unwrap(),
+        ];
+        for seed in 0..500 {
+            let mut random = seeded(seed);
+            for schedule in schedules {
+                let mut backoff = schedule;
+                for n in 0..40 {
+                    let delay = backoff.next_delay_with(&mut random);
+                    assert!(delay <= schedule.ceiling(n), "seed {seed} attempt {n}");
+                    assert_eq!(delay.subsec_nanos() % 1_000_000, 0, "whole ms");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn jitter_spans_the_whole_range() {
+        // Full jitter: both ends of [0, ceiling] are reachable and the mean is half.
+        let mut backoff = Backoff::new(secs(60), secs(60)).unwrap();
+        assert_eq!(backoff.next_delay_with(|| 0), Duration::ZERO);
+        assert_eq!(backoff.next_delay_with(|| u64::MAX), secs(60));
+        let mut random = seeded(42);
+        let n = 20_000;
+        let total: Duration = (0..n).map(|_| backoff.next_delay_with(&mut random)).sum();
+        let mean = total.as_secs_f64() / f64::from(n);
+        assert!((29.0..31.0).contains(&mean), "mean {mean}");
+    }
+
+    #[test]
+    fn system_randomness_stays_in_range_and_varies() {
+        let mut backoff = Backoff::new(secs(60), secs(60)).unwrap();
+        let delays: Vec<Duration> = (0..32).map(|_| backoff.next_delay()).collect();
+        assert!(delays.iter().all(|d| *d <= secs(60)));
+        assert!(delays.iter().any(|d| *d != delays[0]), "{delays:?}");
+    }
+
+    #[test]
+    fn reset_returns_to_the_floor() {
+        let mut backoff = Backoff::new(secs(1), secs(60)).unwrap();
+        for _ in 0..10 {
+            backoff.next_delay_with(|| u64::MAX);
+        }
+        assert_eq!(backoff.attempt(), 10);
+        assert_eq!(backoff.next_delay_with(|| u64::MAX), secs(60));
+        backoff.reset();
+        assert_eq!(backoff.attempt(), 0);
+        assert_eq!(backoff.next_delay_with(|| u64::MAX), secs(1));
+        assert_eq!(backoff.next_delay_with(|| u64::MAX), secs(2));
+    }
+
+    #[test]
+    fn reconnect_picks_the_schedule_for_the_reason() {
+        let mut reconnect = Reconnect::default();
+        let max = || u64::MAX;
+        let delays: Vec<u64> = (0..8)
+            .map(|_| reconnect.delay_with(Retry::Normal, max).as_secs())
+            .collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60]);
+        // Each reason grows on its own; eviction is fixed and un-jittered.
+        let delays: Vec<u64> = (0..11)
+            .map(|_| reconnect.delay_with(Retry::Rejected, max).as_secs())
+            .collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert_eq!(reconnect.delay_with(Retry::Evicted, || 0), secs(300));
+        assert_eq!(reconnect.delay(Retry::Evicted), secs(300));
+        reconnect.reset();
+        assert_eq!(reconnect.delay_with(Retry::Normal, max), secs(1));
+        assert_eq!(reconnect.delay_with(Retry::Rejected, max), secs(1));
+
+        // Tuned for tests: the rejected cap keeps its ratio to the normal one.
+        let mut fast = Reconnect::new(
+            Duration::from_millis(10),
+            Duration::from_millis(40),
+            Duration::from_millis(500),
+        )
+        .unwrap();
+        assert_eq!(fast.rejected().max(), Duration::from_millis(200));
+        let delays: Vec<u128> = (0..6)
+            .map(|_| fast.delay_with(Retry::Rejected, max).as_millis())
+            .collect();
+        assert_eq!(delays, [10, 20, 40, 80, 160, 200]);
+        assert_eq!(fast.delay(Retry::Evicted), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn retry_reasons_follow_the_spec() {
+        assert_eq!(Retry::for_upgrade_status(401), Retry::Rejected);
+        assert_eq!(Retry::for_upgrade_status(403), Retry::Rejected);
+        for status in [404, 500, 502, 200] {
+            assert_eq!(Retry::for_upgrade_status(status), Retry::Normal);
+        }
+        assert_eq!(Retry::for_close_code(4000), Retry::Evicted);
+        assert_eq!(Retry::for_close_code(4001), Retry::Rejected);
+        for code in [4002, 1000, 1006, 1011, 4999] {
+            assert_eq!(Retry::for_close_code(code), Retry::Normal);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sleeping_the_delays_advances_paused_time_by_exactly_them() {
+        let mut backoff = Backoff::new(Duration::from_millis(250), secs(60)).unwrap();
+        let mut random = seeded(7);
+        let start = tokio::time::Instant::now();
+        let mut expected = Duration::ZERO;
+        for _ in 0..12 {
+            let delay = backoff.next_delay_with(&mut random);
+            let before = tokio::time::Instant::now();
+            tokio::time::sleep(delay).await;
+            assert_eq!(tokio::time::Instant::now() - before, delay);
+            expected += delay;
+        }
+        assert_eq!(tokio::time::Instant::now() - start, expected);
+        assert!(expected > Duration::ZERO);
+    }
+}

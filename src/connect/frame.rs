@@ -1,1 +1,1026 @@
-//! (being written)
+//! The autonomic.v1 codec (PROTOCOL.md §3, §6, §7): frames to and from text and bytes.
+//!
+//! No I/O here. The session reads a WebSocket message, hands its text to [`decode`] or
+//! its bytes to [`decode_io`], and acts on the result; heartbeats, timers and reconnects
+//! live one level up.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The WebSocket subprotocol the manager asks for.
+pub const SUBPROTOCOL: &str = "autonomic.v1";
+
+/// The `protocol` number sent in `hello`.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest text frame [`decode`] accepts.
+///
+/// The control plane only sends small frames to the manager (`control`, `io_open`, …:
+/// a few hundred bytes), and a parsed JSON tree takes several times the memory of its
+/// text, so an unbounded message is the cheapest way for a peer to exhaust the pod's
+/// memory. 1 MiB leaves three orders of magnitude of headroom; the socket should cap
+/// its WebSocket message size at the same figure.
+pub const MAX_FRAME_BYTES: usize = 1 << 20;
+
+/// Longest peer-derived text quoted back in a [`DecodeError`]: serde quotes offending
+/// values whole, and an error frame must not echo a megabyte back to its sender.
+const MAX_ERROR_MESSAGE: usize = 200;
+
+/// The `type` of every frame this codec knows, in the order of the §3 table.
+pub const KNOWN_TYPES: [&str; 14] = [
+    "hello",
+    "welcome",
+    "snapshot",
+    "delta",
+    "heartbeat",
+    "resync",
+    "control",
+    "control_result",
+    "io_open",
+    "io_opened",
+    "io_resize",
+    "io_close",
+    "audit",
+    "error",
+];
+
+/// One control message: a WebSocket text message holding one JSON object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Frame {
+    Hello(Hello),
+    Welcome(Welcome),
+    Snapshot(Snapshot),
+    Delta(Delta),
+    Heartbeat(Heartbeat),
+    /// The control plane asks for a fresh `snapshot`.
+    Resync,
+    Control(Control),
+    ControlResult(ControlResult),
+    IoOpen(IoOpen),
+    IoOpened(IoOpened),
+    IoResize(IoResize),
+    IoClose(IoClose),
+    Audit(Audit),
+    Error(ErrorFrame),
+}
+
+/// manager → cp: the first frame after the upgrade.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Always [`PROTOCOL_VERSION`].
+    pub protocol: u32,
+    /// The manager's version.
+    pub version: String,
+    /// A UUID drawn at process start, so the control plane can tell a restart from a reconnect.
+    pub boot_id: String,
+    pub cluster_id: String,
+    pub host: Host,
+    /// e.g. `["snapshot","delta","io","control","audit"]`.
+    pub capabilities: Vec<String>,
+}
+
+/// Where the manager runs, for the dashboard.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Host {
+    pub hostname: String,
+    pub namespace: String,
+    pub pod: String,
+    pub node: String,
+    pub kubernetes_version: String,
+    pub os: String,
+    pub arch: String,
+}
+
+/// cp → manager: the session is accepted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Welcome {
+    pub deployment_id: String,
+    #[serde(default = "default_heartbeat_interval_s")]
+    pub heartbeat_interval_s: u64,
+    #[serde(default = "default_snapshot_interval_s")]
+    pub snapshot_interval_s: u64,
+}
+
+impl Welcome {
+    /// The heartbeat period, kept within 1 s ..= 1 day.
+    ///
+    /// The wire value is the peer's to choose, but 0 would make `tokio::time::interval`
+    /// panic and a huge value would overflow `3 × interval`; neither may crash us.
+    pub fn heartbeat_interval(&self) -> std::time::Duration {
+        clamp_interval(self.heartbeat_interval_s)
+    }
+
+    /// The full-snapshot period, kept within 1 s ..= 1 day (see [`Self::heartbeat_interval`]).
+    pub fn snapshot_interval(&self) -> std::time::Duration {
+        clamp_interval(self.snapshot_interval_s)
+    }
+}
+
+fn clamp_interval(seconds: u64) -> std::time::Duration {
+    std::time::Duration::from_secs(seconds.clamp(1, 86_400))
+}
+
+fn default_heartbeat_interval_s() -> u64 {
+    15
+}
+
+fn default_snapshot_interval_s() -> u64 {
+    300
+}
+
+/// manager → cp: every watched object, in wire form (§5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// 1 on the first frame of a connection, +1 on every `snapshot` and `delta`.
+    pub seq: u64,
+    pub resources: Vec<Value>,
+}
+
+/// manager → cp: what changed since the previous `snapshot` or `delta`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Delta {
+    pub seq: u64,
+    pub changes: Vec<Change>,
+}
+
+/// One entry of `delta.changes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Change {
+    /// The object's newest state, in wire form (§5).
+    Upsert { resource: Value },
+    Remove {
+        kind: String,
+        namespace: String,
+        name: String,
+        uid: String,
+    },
+}
+
+/// both ways: liveness.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    /// RFC 3339.
+    pub sent_at: String,
+}
+
+/// cp → manager: act on an Agent or a Tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Control {
+    /// Echoed in `control_result`.
+    pub id: String,
+    pub action: ControlAction,
+    pub target: ControlTarget,
+    /// Who asked, for the audit trail.
+    pub actor: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlAction {
+    /// Delete the owned pod so it is recreated.
+    Restart,
+    /// Set `spec.paused` (Agent) or `spec.disabled` (Tool).
+    Pause,
+    Resume,
+    /// Delete the custom resource.
+    Delete,
+}
+
+/// What a `control` acts on. `kind` stays a string: a kind the manager does not act on
+/// is refused with `ok: false`, not rejected as a malformed frame.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ControlTarget {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// manager → cp: the outcome of a `control`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ControlResult {
+    pub id: String,
+    pub ok: bool,
+    /// Why it failed, when `ok` is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// cp → manager: open a shell in an agent's container.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IoOpen {
+    /// Unique on the connection; prefixes every binary message of the session.
+    pub channel: u32,
+    pub session_id: String,
+    pub actor: String,
+    pub target: IoTarget,
+    #[serde(default = "default_command")]
+    pub command: Vec<String>,
+    #[serde(default = "default_tty")]
+    pub tty: bool,
+    pub cols: u16,
+    pub rows: u16,
+}
+
+/// The container a shell opens in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IoTarget {
+    pub namespace: String,
+    pub agent: String,
+    #[serde(default = "default_container")]
+    pub container: String,
+}
+
+fn default_command() -> Vec<String> {
+    vec!["/bin/sh".to_owned()]
+}
+
+fn default_tty() -> bool {
+    true
+}
+
+fn default_container() -> String {
+    "runtime".to_owned()
+}
+
+/// manager → cp: the exec is running.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IoOpened {
+    pub channel: u32,
+}
+
+/// cp → manager: new PTY size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IoResize {
+    pub channel: u32,
+    pub cols: u16,
+    pub rows: u16,
+}
+
+/// both ways: the session ended (manager) or should end (cp).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IoClose {
+    pub channel: u32,
+    /// The process's exit status, when the manager knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// manager → cp: one audit event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Audit {
+    pub event: AuditEvent,
+}
+
+/// §7: one session open, close or denial, or one `control` done or refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEvent {
+    /// Unique per event.
+    pub id: String,
+    /// RFC 3339.
+    pub time: String,
+    pub action: AuditAction,
+    pub actor: String,
+    /// Set for session events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    pub target: AuditTarget,
+    #[serde(default)]
+    pub detail: AuditDetail,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AuditAction {
+    #[serde(rename = "session.open")]
+    SessionOpen,
+    #[serde(rename = "session.close")]
+    SessionClose,
+    #[serde(rename = "session.denied")]
+    SessionDenied,
+    #[serde(rename = "control.done")]
+    ControlDone,
+    #[serde(rename = "control.denied")]
+    ControlDenied,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditTarget {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+}
+
+/// What is known about the event; each field only where it applies.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditDetail {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_in: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_out: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// both ways: the peer sent something wrong; the connection stays up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorFrame {
+    /// `bad_frame`, `unknown_channel`, `denied`, …
+    pub code: String,
+    pub message: String,
+    /// The `type` of the offending frame, when known.
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+}
+
+impl Frame {
+    /// The wire `type` of this frame, for logs.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Frame::Hello(_) => "hello",
+            Frame::Welcome(_) => "welcome",
+            Frame::Snapshot(_) => "snapshot",
+            Frame::Delta(_) => "delta",
+            Frame::Heartbeat(_) => "heartbeat",
+            Frame::Resync => "resync",
+            Frame::Control(_) => "control",
+            Frame::ControlResult(_) => "control_result",
+            Frame::IoOpen(_) => "io_open",
+            Frame::IoOpened(_) => "io_opened",
+            Frame::IoResize(_) => "io_resize",
+            Frame::IoClose(_) => "io_close",
+            Frame::Audit(_) => "audit",
+            Frame::Error(_) => "error",
+        }
+    }
+
+    /// The answer to a frame that failed to decode (§3: answer, keep the connection).
+    pub fn bad_frame(err: &DecodeError) -> Frame {
+        Frame::Error(ErrorFrame {
+            code: "bad_frame".to_owned(),
+            message: err.to_string(),
+            reference: err.frame_type().map(str::to_owned),
+        })
+    }
+}
+
+/// Why a message is not a frame. Its `Display` is short enough to send back in an
+/// `error` frame's `message`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("frame of {len} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")]
+    TooLarge { len: usize },
+    #[error("not JSON: {0}")]
+    Syntax(String),
+    #[error("frame is not a JSON object")]
+    NotObject,
+    #[error("frame has no string `type`")]
+    MissingType,
+    #[error("bad `{frame_type}` frame: {message}")]
+    Invalid { frame_type: String, message: String },
+    #[error("binary frame of {len} bytes is shorter than its 5-byte header")]
+    IoTooShort { len: usize },
+    #[error("binary frame has unknown stream {0} (expected 0, 1 or 2)")]
+    IoStream(u8),
+}
+
+impl DecodeError {
+    /// The offending frame's `type`, for the `ref` of the answer.
+    pub fn frame_type(&self) -> Option<&str> {
+        match self {
+            DecodeError::Invalid { frame_type, .. } => Some(frame_type),
+            _ => None,
+        }
+    }
+}
+
+/// The text of a frame.
+pub fn encode(frame: &Frame) -> String {
+    // Cannot fail: derived impls, string map keys, and a `Value` holds no NaN or infinity.
+    serde_json::to_string(frame).expect("a Frame always serializes")
+}
+
+/// Reads one text message.
+///
+/// `Ok(None)` is a well-formed object of a `type` this codec does not know: the control
+/// plane may add frame types, so the caller logs it at debug and goes on. Anything else
+/// that is not a valid frame is an `Err` the caller answers with [`Frame::bad_frame`].
+pub fn decode(text: &str) -> Result<Option<Frame>, DecodeError> {
+    if text.len() > MAX_FRAME_BYTES {
+        return Err(DecodeError::TooLarge { len: text.len() });
+    }
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| DecodeError::Syntax(short(e.to_string())))?;
+    let Value::Object(object) = value else {
+        return Err(DecodeError::NotObject);
+    };
+    let frame_type = match object.get("type") {
+        Some(Value::String(t)) => t.clone(),
+        _ => return Err(DecodeError::MissingType),
+    };
+    if !KNOWN_TYPES.contains(&frame_type.as_str()) {
+        return Ok(None);
+    }
+    serde_json::from_value(Value::Object(object))
+        .map(Some)
+        .map_err(|e| DecodeError::Invalid {
+            frame_type: short(frame_type),
+            message: short(e.to_string()),
+        })
+}
+
+fn short(mut s: String) -> String {
+    if s.len() > MAX_ERROR_MESSAGE {
+        let mut end = MAX_ERROR_MESSAGE;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
+/// Which pipe of an exec a binary message belongs to (§6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Stream {
+    /// cp → manager.
+    Stdin = 0,
+    /// manager → cp.
+    Stdout = 1,
+    /// manager → cp.
+    Stderr = 2,
+}
+
+impl TryFrom<u8> for Stream {
+    type Error = DecodeError;
+
+    fn try_from(byte: u8) -> Result<Self, DecodeError> {
+        match byte {
+            0 => Ok(Stream::Stdin),
+            1 => Ok(Stream::Stdout),
+            2 => Ok(Stream::Stderr),
+            other => Err(DecodeError::IoStream(other)),
+        }
+    }
+}
+
+/// Bytes before the payload of a binary message: channel (u32 BE) and stream.
+pub const IO_HEADER_LEN: usize = 5;
+
+/// One binary message, borrowing its payload from the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoChunk<'a> {
+    pub channel: u32,
+    pub stream: Stream,
+    pub data: &'a [u8],
+}
+
+/// The bytes of a binary message: 4-byte big-endian channel, 1 stream byte, payload.
+pub fn encode_io(channel: u32, stream: Stream, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(IO_HEADER_LEN + data.len());
+    out.extend_from_slice(&channel.to_be_bytes());
+    out.push(stream as u8);
+    out.extend_from_slice(data);
+    out
+}
+
+/// Reads one binary message. An empty payload is valid.
+pub fn decode_io(bytes: &[u8]) -> Result<IoChunk<'_>, DecodeError> {
+    let Some((&[c0, c1, c2, c3, s], data)) = bytes.split_first_chunk::<IO_HEADER_LEN>() else {
+        return Err(DecodeError::IoTooShort { len: bytes.len() });
+    };
+    Ok(IoChunk {
+        channel: u32::from_be_bytes([c0, c1, c2, c3]),
+        stream: Stream::try_from(s)?,
+        data,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// One frame of every type, with every optional field set where there is one.
+    fn samples() -> Vec<Frame> {
+        vec![
+            Frame::Hello(Hello {
+                protocol: PROTOCOL_VERSION,
+                version: "0.1.0".into(),
+                boot_id: "0b6c3f0e-7d4a-4f1e-9a51-1c2d3e4f5a6b".into(),
+                cluster_id: "autonomic-system/manager-0".into(),
+                host: Host {
+                    hostname: "manager-0".into(),
+                    namespace: "autonomic-system".into(),
+                    pod: "manager-0".into(),
+                    node: "n1".into(),
+                    kubernetes_version: "v1.33.1".into(),
+                    os: "linux".into(),
+                    arch: "amd64".into(),
+                },
+                capabilities: vec!["snapshot".into(), "delta".into(), "io".into()],
+            }),
+            Frame::Welcome(Welcome {
+                deployment_id: "dep-1".into(),
+                heartbeat_interval_s: 5,
+                snapshot_interval_s: 60,
+            }),
+            Frame::Snapshot(Snapshot {
+                seq: 1,
+                resources: vec![json!({"kind":"Agent","namespace":"team-a","name":"triage",
+                    "generation":3,"ready":true,"pods":[],"spec":{"paused":false}})],
+            }),
+            Frame::Delta(Delta {
+                seq: 2,
+                changes: vec![
+                    Change::Upsert {
+                        resource: json!({"kind":"Tool","name":"search"}),
+                    },
+                    Change::Remove {
+                        kind: "Agent".into(),
+                        namespace: "team-a".into(),
+                        name: "old".into(),
+                        uid: "u-1".into(),
+                    },
+                ],
+            }),
+            Frame::Heartbeat(Heartbeat {
+                sent_at: "2026-12-01T10:00:00Z".into(),
+            }),
+            Frame::Resync,
+            Frame::Control(Control {
+                id: "c-1".into(),
+                action: ControlAction::Pause,
+                target: ControlTarget {
+                    kind: "Agent".into(),
+                    namespace: "team-a".into(),
+                    name: "triage".into(),
+                },
+                actor: "ada@example.com".into(),
+            }),
+            Frame::ControlResult(ControlResult {
+                id: "c-1".into(),
+                ok: false,
+                error: Some("agent team-a/triage not found".into()),
+            }),
+            Frame::IoOpen(IoOpen {
+                channel: 7,
+                session_id: "s-1".into(),
+                actor: "ada@example.com".into(),
+                target: IoTarget {
+                    namespace: "team-a".into(),
+                    agent: "triage".into(),
+                    container: "agentlet".into(),
+                },
+                command: vec!["/bin/bash".into(), "-l".into()],
+                tty: false,
+                cols: 120,
+                rows: 40,
+            }),
+            Frame::IoOpened(IoOpened { channel: 7 }),
+            Frame::IoResize(IoResize {
+                channel: 7,
+                cols: 80,
+                rows: 24,
+            }),
+            Frame::IoClose(IoClose {
+                channel: 7,
+                exit_code: Some(130),
+                reason: Some("exited".into()),
+            }),
+            Frame::Audit(Audit {
+                event: AuditEvent {
+                    id: "a-1".into(),
+                    time: "2026-12-01T10:00:01Z".into(),
+                    action: AuditAction::SessionClose,
+                    actor: "ada@example.com".into(),
+                    session_id: Some("s-1".into()),
+                    target: AuditTarget {
+                        kind: "Agent".into(),
+                        namespace: "team-a".into(),
+                        name: "triage".into(),
+                        pod: Some("triage".into()),
+                        container: Some("runtime".into()),
+                    },
+                    detail: AuditDetail {
+                        command: Some(vec!["/bin/sh".into()]),
+                        exit_code: Some(0),
+                        bytes_in: Some(12),
+                        bytes_out: Some(3400),
+                        duration_ms: Some(61_000),
+                        reason: Some("exited".into()),
+                    },
+                },
+            }),
+            Frame::Error(ErrorFrame {
+                code: "unknown_channel".into(),
+                message: "no session on channel 9".into(),
+                reference: Some("io_resize".into()),
+            }),
+        ]
+    }
+
+    #[test]
+    fn samples_cover_every_known_type_once() {
+        let names: Vec<_> = samples().iter().map(Frame::type_name).collect();
+        assert_eq!(names, KNOWN_TYPES);
+    }
+
+    #[test]
+    fn every_frame_round_trips() {
+        for frame in samples() {
+            let text = encode(&frame);
+            let object: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(object["type"], frame.type_name(), "{text}");
+            assert_eq!(decode(&text), Ok(Some(frame)), "{text}");
+        }
+    }
+
+    #[test]
+    fn optional_fields_are_omitted_when_unset_and_round_trip() {
+        let cases = [
+            (
+                Frame::ControlResult(ControlResult {
+                    id: "c-2".into(),
+                    ok: true,
+                    error: None,
+                }),
+                r#"{"type":"control_result","id":"c-2","ok":true}"#,
+            ),
+            (
+                Frame::IoClose(IoClose {
+                    channel: 1,
+                    exit_code: None,
+                    reason: None,
+                }),
+                r#"{"type":"io_close","channel":1}"#,
+            ),
+            (
+                Frame::Error(ErrorFrame {
+                    code: "denied".into(),
+                    message: "no".into(),
+                    reference: None,
+                }),
+                r#"{"type":"error","code":"denied","message":"no"}"#,
+            ),
+        ];
+        for (frame, text) in cases {
+            assert_eq!(encode(&frame), text);
+            assert_eq!(decode(text), Ok(Some(frame)));
+        }
+    }
+
+    /// Hand-written from the §3 table; field order is declaration order.
+    #[test]
+    fn exact_json_of_spec_examples() {
+        let by_type = |t: &str| samples().into_iter().find(|f| f.type_name() == t).unwrap();
+        let cases = [
+            (
+                by_type("welcome"),
+                r#"{"type":"welcome","deployment_id":"dep-1","heartbeat_interval_s":5,"snapshot_interval_s":60}"#,
+            ),
+            (by_type("resync"), r#"{"type":"resync"}"#),
+            (
+                by_type("heartbeat"),
+                r#"{"type":"heartbeat","sent_at":"2026-12-01T10:00:00Z"}"#,
+            ),
+            (
+                by_type("control"),
+                r#"{"type":"control","id":"c-1","action":"pause","target":{"kind":"Agent","namespace":"team-a","name":"triage"},"actor":"ada@example.com"}"#,
+            ),
+            (
+                by_type("delta"),
+                r#"{"type":"delta","seq":2,"changes":[{"op":"upsert","resource":{"kind":"Tool","name":"search"}},{"op":"remove","kind":"Agent","namespace":"team-a","name":"old","uid":"u-1"}]}"#,
+            ),
+            (
+                by_type("io_open"),
+                r#"{"type":"io_open","channel":7,"session_id":"s-1","actor":"ada@example.com","target":{"namespace":"team-a","agent":"triage","container":"agentlet"},"command":["/bin/bash","-l"],"tty":false,"cols":120,"rows":40}"#,
+            ),
+            (
+                by_type("error"),
+                r#"{"type":"error","code":"unknown_channel","message":"no session on channel 9","ref":"io_resize"}"#,
+            ),
+            (
+                by_type("audit"),
+                r#"{"type":"audit","event":{"id":"a-1","time":"2026-12-01T10:00:01Z","action":"session.close","actor":"ada@example.com","session_id":"s-1","target":{"kind":"Agent","namespace":"team-a","name":"triage","pod":"triage","container":"runtime"},"detail":{"command":["/bin/sh"],"exit_code":0,"bytes_in":12,"bytes_out":3400,"duration_ms":61000,"reason":"exited"}}}"#,
+            ),
+            (
+                by_type("hello"),
+                r#"{"type":"hello","protocol":1,"version":"0.1.0","boot_id":"0b6c3f0e-7d4a-4f1e-9a51-1c2d3e4f5a6b","cluster_id":"autonomic-system/manager-0","host":{"hostname":"manager-0","namespace":"autonomic-system","pod":"manager-0","node":"n1","kubernetes_version":"v1.33.1","os":"linux","arch":"amd64"},"capabilities":["snapshot","delta","io"]}"#,
+            ),
+        ];
+        for (frame, text) in cases {
+            assert_eq!(encode(&frame), text);
+        }
+    }
+
+    #[test]
+    fn every_control_and_audit_action_has_its_wire_name() {
+        for (action, name) in [
+            (ControlAction::Restart, "restart"),
+            (ControlAction::Pause, "pause"),
+            (ControlAction::Resume, "resume"),
+            (ControlAction::Delete, "delete"),
+        ] {
+            assert_eq!(serde_json::to_value(action).unwrap(), name);
+        }
+        for (action, name) in [
+            (AuditAction::SessionOpen, "session.open"),
+            (AuditAction::SessionClose, "session.close"),
+            (AuditAction::SessionDenied, "session.denied"),
+            (AuditAction::ControlDone, "control.done"),
+            (AuditAction::ControlDenied, "control.denied"),
+        ] {
+            assert_eq!(serde_json::to_value(action).unwrap(), name);
+        }
+    }
+
+    #[test]
+    fn defaults_are_applied_on_decode() {
+        let welcome = decode(r#"{"type":"welcome","deployment_id":"d"}"#);
+        assert_eq!(
+            welcome,
+            Ok(Some(Frame::Welcome(Welcome {
+                deployment_id: "d".into(),
+                heartbeat_interval_s: 15,
+                snapshot_interval_s: 300,
+            })))
+        );
+
+        let open = decode(
+            r#"{"type":"io_open","channel":3,"session_id":"s","actor":"a",
+                "target":{"namespace":"ns","agent":"ag"},"cols":80,"rows":24}"#,
+        );
+        assert_eq!(
+            open,
+            Ok(Some(Frame::IoOpen(IoOpen {
+                channel: 3,
+                session_id: "s".into(),
+                actor: "a".into(),
+                target: IoTarget {
+                    namespace: "ns".into(),
+                    agent: "ag".into(),
+                    container: "runtime".into(),
+                },
+                command: vec!["/bin/sh".into()],
+                tty: true,
+                cols: 80,
+                rows: 24,
+            })))
+        );
+
+        let audit = decode(
+            r#"{"type":"audit","event":{"id":"a","time":"t","action":"control.done",
+                "actor":"x","target":{"kind":"Tool","namespace":"ns","name":"n"}}}"#,
+        );
+        let Ok(Some(Frame::Audit(Audit { event }))) = audit else {
+            panic!("{audit:?}");
+        };
+        assert_eq!(event.session_id, None);
+        assert_eq!(event.target.pod, None);
+        assert_eq!(event.detail, AuditDetail::default());
+        assert_eq!(
+            encode(&Frame::Audit(Audit { event })),
+            r#"{"type":"audit","event":{"id":"a","time":"t","action":"control.done","actor":"x","target":{"kind":"Tool","namespace":"ns","name":"n"},"detail":{}}}"#
+        );
+    }
+
+    #[test]
+    fn welcome_intervals_are_clamped_to_safe_durations() {
+        use std::time::Duration;
+        let welcome = |h, s| Welcome {
+            deployment_id: "d".into(),
+            heartbeat_interval_s: h,
+            snapshot_interval_s: s,
+        };
+        let w = welcome(15, 300);
+        assert_eq!(w.heartbeat_interval(), Duration::from_secs(15));
+        assert_eq!(w.snapshot_interval(), Duration::from_secs(300));
+        let w = welcome(0, u64::MAX);
+        assert_eq!(w.heartbeat_interval(), Duration::from_secs(1));
+        assert_eq!(w.snapshot_interval(), Duration::from_secs(86_400));
+    }
+
+    #[test]
+    fn unknown_types_are_ignored_and_unknown_fields_tolerated() {
+        assert_eq!(decode(r#"{"type":"telemetry","x":[1,2]}"#), Ok(None));
+        assert_eq!(decode(r#"{"type":""}"#), Ok(None));
+        assert_eq!(
+            decode(r#"{"type":"Welcome","deployment_id":"d"}"#),
+            Ok(None)
+        );
+        assert_eq!(
+            decode(r#"{"type":"resync","reason":"gap","v":2}"#),
+            Ok(Some(Frame::Resync))
+        );
+        assert_eq!(
+            decode(r#"{"type":"io_opened","channel":4,"added_later":{"a":1}}"#),
+            Ok(Some(Frame::IoOpened(IoOpened { channel: 4 })))
+        );
+    }
+
+    #[test]
+    fn malformed_input_is_an_error_with_a_useful_message() {
+        // (input, expected `ref`, words the message must contain)
+        let cases: &[(&str, Option<&str>, &str)] = &[
+            ("", None, "not JSON: EOF"),
+            (r#"{"type":"welcome","deployment_id":"#, None, "not JSON"),
+            ("{\"type\":\"resync\"} trailing", None, "not JSON: trailing"),
+            ("not json", None, "not JSON"),
+            ("[1,2]", None, "not a JSON object"),
+            ("5", None, "not a JSON object"),
+            (r#""welcome""#, None, "not a JSON object"),
+            ("null", None, "not a JSON object"),
+            ("{}", None, "no string `type`"),
+            (r#"{"type":5}"#, None, "no string `type`"),
+            (r#"{"type":null}"#, None, "no string `type`"),
+            (r#"{"kind":"welcome"}"#, None, "no string `type`"),
+            (
+                r#"{"type":"welcome"}"#,
+                Some("welcome"),
+                "missing field `deployment_id`",
+            ),
+            (
+                r#"{"type":"welcome","deployment_id":7}"#,
+                Some("welcome"),
+                "invalid type: integer `7`, expected a string",
+            ),
+            (
+                r#"{"type":"welcome","deployment_id":"d","heartbeat_interval_s":-1}"#,
+                Some("welcome"),
+                "invalid value: integer `-1`",
+            ),
+            (
+                r#"{"type":"control","id":"c","action":"explode","target":{"kind":"Agent","namespace":"n","name":"a"},"actor":"x"}"#,
+                Some("control"),
+                "unknown variant `explode`",
+            ),
+            (
+                r#"{"type":"control","id":"c","action":"pause","target":{"kind":"Agent"},"actor":"x"}"#,
+                Some("control"),
+                "missing field `namespace`",
+            ),
+            (
+                r#"{"type":"io_open","channel":4294967296,"session_id":"s","actor":"a","target":{"namespace":"n","agent":"a"},"cols":80,"rows":24}"#,
+                Some("io_open"),
+                "expected u32",
+            ),
+            (
+                r#"{"type":"io_open","channel":1,"session_id":"s","actor":"a","target":{"namespace":"n","agent":"a"}}"#,
+                Some("io_open"),
+                "missing field `cols`",
+            ),
+            (
+                r#"{"type":"io_resize","channel":1,"cols":"80","rows":24}"#,
+                Some("io_resize"),
+                "invalid type: string \"80\"",
+            ),
+            (
+                r#"{"type":"io_close","channel":1,"exit_code":1.5}"#,
+                Some("io_close"),
+                "invalid type: floating point",
+            ),
+            (
+                r#"{"type":"delta","seq":1,"changes":[{"op":"rename"}]}"#,
+                Some("delta"),
+                "unknown variant `rename`",
+            ),
+            (
+                r#"{"type":"delta","seq":1,"changes":[{"resource":{}}]}"#,
+                Some("delta"),
+                "missing field `op`",
+            ),
+            (
+                r#"{"type":"snapshot","seq":1,"resources":{}}"#,
+                Some("snapshot"),
+                "expected a sequence",
+            ),
+            (
+                r#"{"type":"audit","event":{"id":"a","time":"t","action":"session.exploded","actor":"x","target":{"kind":"Agent","namespace":"n","name":"a"}}}"#,
+                Some("audit"),
+                "unknown variant `session.exploded`",
+            ),
+            (
+                r#"{"type":"control_result","id":"c","ok":"yes"}"#,
+                Some("control_result"),
+                "expected a boolean",
+            ),
+            (
+                r#"{"type":"error","code":"bad_frame","message":null}"#,
+                Some("error"),
+                "invalid type: null",
+            ),
+        ];
+        for &(input, reference, words) in cases {
+            let err = decode(input).expect_err(input);
+            let message = err.to_string();
+            assert!(message.contains(words), "{input}: {message}");
+            assert_eq!(err.frame_type(), reference, "{input}");
+            let Frame::Error(answer) = Frame::bad_frame(&err) else {
+                unreachable!()
+            };
+            assert_eq!(answer.code, "bad_frame");
+            assert_eq!(answer.message, message);
+            assert_eq!(answer.reference.as_deref(), reference);
+        }
+    }
+
+    #[test]
+    fn oversized_input_is_refused_before_parsing() {
+        let padding = " ".repeat(MAX_FRAME_BYTES);
+        let huge = format!(r#"{{"type":"resync"}}{padding}"#);
+        assert_eq!(
+            decode(&huge),
+            Err(DecodeError::TooLarge { len: huge.len() })
+        );
+        assert!(decode(&huge).unwrap_err().to_string().contains("limit"));
+
+        // Just under the cap is fine.
+        let fits = format!(r#"{{"type":"resync"}}{}"#, " ".repeat(MAX_FRAME_BYTES - 17));
+        assert_eq!(fits.len(), MAX_FRAME_BYTES);
+        assert_eq!(decode(&fits), Ok(Some(Frame::Resync)));
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_stack_overflow() {
+        let deep = format!(
+            r#"{{"type":"snapshot","seq":1,"resources":[{}{}]}}"#,
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        let err = decode(&deep).unwrap_err();
+        assert!(err.to_string().contains("recursion limit"), "{err}");
+    }
+
+    #[test]
+    fn error_messages_do_not_echo_long_peer_input() {
+        let long = "x".repeat(100_000);
+        let input = format!(r#"{{"type":"io_resize","channel":1,"cols":"{long}","rows":1}}"#);
+        let err = decode(&input).unwrap_err();
+        assert!(err.to_string().len() < 2 * MAX_ERROR_MESSAGE, "{err}");
+        let input = format!(r#"{{"type":"{long}é"#);
+        assert!(decode(&input).unwrap_err().to_string().len() < 2 * MAX_ERROR_MESSAGE);
+        // Cutting never splits a character.
+        let wide = "é".repeat(MAX_ERROR_MESSAGE);
+        assert!(short(wide).ends_with("é…"));
+    }
+
+    #[test]
+    fn binary_layout_is_channel_stream_payload() {
+        let bytes = encode_io(0x0102_0304, Stream::Stdout, b"hi\n");
+        assert_eq!(bytes, [1, 2, 3, 4, 1, b'h', b'i', b'\n']);
+        assert_eq!(
+            decode_io(&bytes),
+            Ok(IoChunk {
+                channel: 0x0102_0304,
+                stream: Stream::Stdout,
+                data: b"hi\n",
+            })
+        );
+
+        for (stream, byte) in [(Stream::Stdin, 0), (Stream::Stdout, 1), (Stream::Stderr, 2)] {
+            for channel in [0, 1, 255, 256, u32::MAX] {
+                for data in [&b""[..], b"\0\xff", &[7; 4096]] {
+                    let bytes = encode_io(channel, stream, data);
+                    assert_eq!(bytes.len(), IO_HEADER_LEN + data.len());
+                    assert_eq!(bytes[..4], channel.to_be_bytes());
+                    assert_eq!(bytes[4], byte);
+                    let chunk = decode_io(&bytes).unwrap();
+                    assert_eq!(
+                        (chunk.channel, chunk.stream, chunk.data),
+                        (channel, stream, data)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_binary_frames_are_errors() {
+        for len in 0..IO_HEADER_LEN {
+            let err = decode_io(&[0; IO_HEADER_LEN][..len]).unwrap_err();
+            assert_eq!(err, DecodeError::IoTooShort { len });
+            assert!(err.to_string().contains("shorter than its 5-byte header"));
+        }
+        for byte in [3, 4, 0x80, 0xff] {
+            let err = decode_io(&[0, 0, 0, 1, byte, b'x']).unwrap_err();
+            assert_eq!(err, DecodeError::IoStream(byte));
+            assert!(err.to_string().contains(&format!("unknown stream {byte}")));
+            assert_eq!(Frame::bad_frame(&err).type_name(), "error");
+        }
+    }
+}

@@ -126,6 +126,7 @@ pub enum AgentPhase {
 pub struct AgentStatus {
     /// The `metadata.generation` this status describes.
     pub observed_generation: Option<i64>,
+    #[schemars(schema_with = "super::phase_schema::<AgentPhase>")]
     pub phase: Option<AgentPhase>,
     /// Human-readable detail of the phase; names what is missing or failing.
     pub message: Option<String>,

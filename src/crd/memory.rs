@@ -56,6 +56,7 @@ pub enum MemoryPhase {
 #[serde(rename_all = "camelCase")]
 pub struct MemoryStatus {
     pub observed_generation: Option<i64>,
+    #[schemars(schema_with = "super::phase_schema::<MemoryPhase>")]
     pub phase: Option<MemoryPhase>,
     pub message: Option<String>,
     #[serde(default)]

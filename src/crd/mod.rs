@@ -81,6 +81,15 @@ pub fn crds_yaml() -> String {
     crd_files().into_iter().map(|(_, yaml)| yaml).collect()
 }
 
+/// Schema of an optional phase: the enum alone. Status is written with absent fields
+/// removed, so `null` is never stored, and an `enum` holding `null` is not a valid
+/// structural schema.
+pub(crate) fn phase_schema<T: schemars::JsonSchema>(
+    generator: &mut schemars::SchemaGenerator,
+) -> schemars::Schema {
+    T::json_schema(generator)
+}
+
 /// A condition list entry; kept simple rather than `meta/v1.Condition` so an absent
 /// `observedGeneration` is not mandatory in the schema.
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;

@@ -55,6 +55,7 @@ pub enum RuntimePhase {
 #[serde(rename_all = "camelCase")]
 pub struct RuntimeStatus {
     pub observed_generation: Option<i64>,
+    #[schemars(schema_with = "super::phase_schema::<RuntimePhase>")]
     pub phase: Option<RuntimePhase>,
     pub message: Option<String>,
     #[serde(default)]

@@ -63,6 +63,7 @@ pub enum ToolPhase {
 #[serde(rename_all = "camelCase")]
 pub struct ToolStatus {
     pub observed_generation: Option<i64>,
+    #[schemars(schema_with = "super::phase_schema::<ToolPhase>")]
     pub phase: Option<ToolPhase>,
     pub message: Option<String>,
     #[serde(default)]

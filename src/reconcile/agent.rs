@@ -314,7 +314,7 @@ pub fn plan(agent: &Agent, desired: &Result<Pod, String>, current: Option<&Pod>)
     }
     let always = agent.spec.restart_policy == crate::crd::RestartPolicy::Always;
     match common::pod_health(pod) {
-        Health::Ready => plan_of(PodAction::Keep, Active, ""),
+        Health::Ready => plan_of(PodAction::Keep, Active, "running and ready"),
         Health::Pending(m) => plan_of(PodAction::Keep, Pending, m),
         Health::Error(m) => plan_of(PodAction::Keep, Error, m),
         Health::Succeeded if !always => {

@@ -197,7 +197,8 @@ fn terminated_reason(pod: &Pod) -> Option<String> {
 
 /// The `Ready` condition for a new status, keeping `lastTransitionTime` when the
 /// condition's status did not flip (so an unchanged status compares equal and no write
-/// happens).
+/// happens). An empty message becomes the reason: Kubernetes 1.20 turns `""` inside a
+/// custom resource into `null` on a merge patch and then refuses it as not a string.
 pub fn ready_condition(
     previous: &[Condition],
     ready: bool,
@@ -215,7 +216,7 @@ pub fn ready_condition(
         type_: "Ready".into(),
         status: status.into(),
         reason: reason.into(),
-        message: message.into(),
+        message: if message.is_empty() { reason } else { message }.into(),
         observed_generation: generation,
         last_transition_time: since,
     }]

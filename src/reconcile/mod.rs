@@ -235,7 +235,21 @@ impl Context {
                 tracing::info!(pod = %name, namespace = %ns, "pod created");
                 Ok(Ok(()))
             }
-            Err(e) if api_status(&e) == Some(409) => Ok(Ok(())),
+            // Ours and not yet in the cache is fine; someone else's is never touched.
+            Err(e) if api_status(&e) == Some(409) => {
+                let owner = pod.owner_references().first().map(|r| r.uid.as_str());
+                let existing = self
+                    .api::<Pod>(&ns)
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| Error::kube(format!("unable to get pod {ns}/{name}"), e))?;
+                match existing {
+                    Some(p) if !common::is_owned_by(&p.metadata, owner) => Ok(Err(format!(
+                        "pod {name:?} exists and is not owned by the manager"
+                    ))),
+                    _ => Ok(Ok(())),
+                }
+            }
             Err(e) if matches!(api_status(&e), Some(400 | 403 | 422)) => {
                 Ok(Err(format!("pod {name:?} refused: {}", api_message(&e))))
             }

@@ -20,7 +20,7 @@ pub async fn reconcile(ctx: &Context, rt: Arc<Runtime>) -> Result<Outcome, Error
     let ns = rt.namespace().unwrap_or_default();
     let name = rt.name_any();
     let (phase, message) = match validate(&rt) {
-        Ok(()) => (RuntimePhase::Ready, String::new()),
+        Ok(()) => (RuntimePhase::Ready, "valid".to_owned()),
         Err(why) => (RuntimePhase::Invalid, why),
     };
     let agents = ctx

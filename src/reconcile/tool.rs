@@ -160,7 +160,7 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
                 )
             }
             Some(pod) => match common::pod_health(pod) {
-                Health::Ready => (ToolPhase::Ready, String::new()),
+                Health::Ready => (ToolPhase::Ready, format!("serving at {}", endpoint(&tool))),
                 Health::Pending(m) => (ToolPhase::Pending, m),
                 Health::Error(m) => (ToolPhase::Error, m),
                 // A tool is a server: if it ends, it is replaced.

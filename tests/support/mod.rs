@@ -120,18 +120,20 @@ impl TestNamespace {
 
 impl Drop for TestNamespace {
     fn drop(&mut self) {
-        let client = self.client.clone();
         let name = self.name.clone();
-        // Best effort; the test bed is torn down after the suite anyway.
+        // Best effort; the test bed is torn down after the suite anyway. A new client on
+        // a runtime of its own: the test's runtime is blocked right here.
         let _ = std::thread::spawn(move || {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .unwrap()
                 .block_on(async move {
-                    let _ = Api::<Namespace>::all(client)
-                        .delete(&name, &DeleteParams::background())
-                        .await;
+                    if let Ok(client) = Client::try_default().await {
+                        let _ = Api::<Namespace>::all(client)
+                            .delete(&name, &DeleteParams::background())
+                            .await;
+                    }
                 });
         })
         .join();
