@@ -346,7 +346,7 @@ async fn dangling_references_are_errors_that_heal_without_hot_looping() {
 
     // The Tool appears: the Agent proceeds on its own.
     let tool: autonomic_manager::crd::Tool = yaml(&format!(
-        "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {{name: search}}\nspec: {{image: '{BUSYBOX_IMAGE}', command: [sh, -c, 'while :; do nc -l -p 8080 -e echo ok; done'], port: 8080}}"
+        "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {{name: search}}\nspec: {{image: '{BUSYBOX_IMAGE}', command: [sh, -c, 'while :; do nc -l -p 8080 -e echo ok & wait $!; done'], port: 8080}}"
     ));
     create(&ns.api(), &tool).await;
     wait_for(&agents, "needy", "Active", |a| {

@@ -37,15 +37,31 @@ fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// deploy.yaml with its namespace renamed to `ns`, so tests neither need nor disturb
+/// `autonomic-system`.
+fn manifest_in(ns: &str) -> String {
+    let text = std::fs::read_to_string(DEPLOY).unwrap();
+    assert!(text.contains("namespace: autonomic-system"));
+    text.replace("name: autonomic-system\n", &format!("name: {ns}\n"))
+        .replace("namespace: autonomic-system", &format!("namespace: {ns}"))
+}
+
 #[tokio::test]
 async fn deploy_yaml_passes_a_server_side_dry_run() {
-    let _client = client().await;
-    let (ok, out) = kubectl(&["apply", "--dry-run=server", "-f", DEPLOY], None);
+    let client = client().await;
+    // A dry run creates nothing, so the namespaced objects need their namespace to exist.
+    let ns = TestNamespace::new(&client, "dry-run").await;
+    let (ok, out) = kubectl(
+        &["apply", "--dry-run=server", "-f", "-"],
+        Some(&manifest_in(&ns.name)),
+    );
     assert!(ok, "dry run refused:\n{out}");
     for what in [
-        "namespace/autonomic-system",
-        "deployment.apps/autonomic-manager",
+        "customresourcedefinition.apiextensions.k8s.io/agents.autonomic.sh",
+        "serviceaccount/autonomic-manager",
         "clusterrole.rbac.authorization.k8s.io/autonomic-manager",
+        "clusterrolebinding.rbac.authorization.k8s.io/autonomic-manager",
+        "deployment.apps/autonomic-manager",
     ] {
         assert!(out.contains(what), "{what} missing from:\n{out}");
     }
@@ -55,27 +71,29 @@ async fn deploy_yaml_passes_a_server_side_dry_run() {
 async fn manager_runs_as_a_pod_from_deploy_yaml() {
     require_node();
     let client = client().await;
-    let ns = TestNamespace::new(&client, "in-cluster").await;
-    // The in-cluster manager watches only this test's namespace, so it does not race
-    // the managers other tests start.
-    let manifest = std::fs::read_to_string(DEPLOY)
-        .unwrap()
+    let home = TestNamespace::new(&client, "in-cluster").await;
+    let ns = TestNamespace::new(&client, "in-cluster-agents").await;
+    // The in-cluster manager watches only the test's namespace, so it does not race the
+    // managers other tests start.
+    let knob = "name: AUTONOMIC_NAMESPACES\n              value: \"\"";
+    let manifest = manifest_in(&home.name);
+    assert!(
+        manifest.contains(knob),
+        "deploy.yaml lost its AUTONOMIC_NAMESPACES knob"
+    );
+    let manifest = manifest
         .replace(
-            "name: AUTONOMIC_NAMESPACES\n              value: \"\"",
+            knob,
             &format!(
                 "name: AUTONOMIC_NAMESPACES\n              value: \"{}\"",
                 ns.name
             ),
         )
         .replace("ghcr.io/autonomic-sh/agentlet:0.1.0", AGENTLET_IMAGE);
-    assert!(
-        manifest.contains(&format!("value: \"{}\"", ns.name)),
-        "deploy.yaml lost its AUTONOMIC_NAMESPACES knob"
-    );
     let (ok, out) = kubectl(&["apply", "-f", "-"], Some(&manifest));
     assert!(ok, "apply failed:\n{out}");
 
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "autonomic-system");
+    let deployments: Api<Deployment> = home.api();
     wait_for(&deployments, "autonomic-manager", "available", |d| {
         d.status
             .as_ref()
@@ -97,38 +115,12 @@ async fn manager_runs_as_a_pod_from_deploy_yaml() {
     assert_eq!(a.status.unwrap().observed_generation, a.metadata.generation);
 
     let (_, logs) = kubectl(
-        &[
-            "-n",
-            "autonomic-system",
-            "logs",
-            "deployment/autonomic-manager",
-        ],
+        &["-n", &home.name, "logs", "deployment/autonomic-manager"],
         None,
     );
     assert!(
         logs.lines()
             .any(|l| l.starts_with('{') && l.contains("\"phase\":\"Active\"")),
         "json logs expected:\n{logs}"
-    );
-    let _ = kubectl(
-        &["delete", "--wait=false", "-f", "-"],
-        Some(
-            &manifest
-                .split("# --- BEGIN CRDs")
-                .next()
-                .unwrap()
-                .to_owned(),
-        ),
-    );
-    let _ = kubectl(
-        &[
-            "-n",
-            "autonomic-system",
-            "delete",
-            "deployment",
-            "autonomic-manager",
-            "--wait=false",
-        ],
-        None,
     );
 }

@@ -427,16 +427,14 @@ pub fn decode(text: &str) -> Result<Option<Frame>, DecodeError> {
         return Err(DecodeError::NotObject);
     };
     let frame_type = match object.get("type") {
-        Some(Value::String(t)) => t.clone(),
+        Some(Value::String(t)) if KNOWN_TYPES.contains(&t.as_str()) => t.clone(),
+        Some(Value::String(_)) => return Ok(None),
         _ => return Err(DecodeError::MissingType),
     };
-    if !KNOWN_TYPES.contains(&frame_type.as_str()) {
-        return Ok(None);
-    }
     serde_json::from_value(Value::Object(object))
         .map(Some)
         .map_err(|e| DecodeError::Invalid {
-            frame_type: short(frame_type),
+            frame_type,
             message: short(e.to_string()),
         })
 }

@@ -290,16 +290,17 @@ pub fn plan(agent: &Agent, desired: &Result<Pod, String>, current: Option<&Pod>)
         matches!(s.phase, Some(Succeeded | Failed))
             && s.observed_generation == agent.metadata.generation
     });
+    // A finished agent stays finished while its pod goes away, and is not restarted.
+    if finished && (owned.is_none() || terminating) {
+        let s = status.map(|s| (s.phase, s.message.clone()));
+        let (phase, message) = s.unwrap_or_default();
+        return plan_of(
+            PodAction::Keep,
+            phase.unwrap_or(Succeeded),
+            message.unwrap_or_default(),
+        );
+    }
     let Some(pod) = owned else {
-        if finished {
-            let s = status.map(|s| (s.phase, s.message.clone()));
-            let (phase, message) = s.unwrap_or_default();
-            return plan_of(
-                PodAction::Keep,
-                phase.unwrap_or(Succeeded),
-                message.unwrap_or_default(),
-            );
-        }
         return plan_of(PodAction::Create, Pending, "creating pod");
     };
     if terminating {
@@ -539,7 +540,7 @@ mod tests {
             Plan {
                 action: PodAction::Keep,
                 phase: Active,
-                message: String::new()
+                message: "running and ready".into()
             }
         );
 
@@ -611,6 +612,12 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(plan(&never, &d, None).action, PodAction::Keep);
+        let mut going = done.clone();
+        going.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_eq!(plan(&never, &d, Some(&going)).phase, Succeeded);
         // With Always, an evicted pod is replaced.
         let d = desired_pod(&a, None, Some("agentlet:1"));
         let evicted = owned_pod(&a, "{phase: Failed, reason: Evicted}");
