@@ -70,6 +70,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         "autonomic-manager starting"
     );
 
+    if config.managed {
+        // Said loudly rather than pretended: the connector is not wired up yet.
+        tracing::error!(
+            "AUTONOMIC_MANAGED=true, but this build has no control-plane connection yet: reconciling unmanaged"
+        );
+    }
     let mut tasks = tokio::task::JoinSet::new();
     reconcile::spawn_watches(&ctx, Arc::new(|_| {}), &mut tasks);
     reconcile::spawn_workers(&ctx, &mut tasks);
