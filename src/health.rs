@@ -2,6 +2,7 @@
 //! enough for kubelet probes and Prometheus scrapes.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -72,11 +73,61 @@ fn readiness(ctx: &Context) -> Result<(), &'static str> {
     if !ctx.synced.is_synced() {
         return Err("watches not synced");
     }
+    if ctx.config.managed && !ctx.link.connected.load(Relaxed) {
+        return Err("not connected to the control plane");
+    }
     Ok(())
 }
 
 fn metrics(ctx: &Context) -> String {
+    let link = &ctx.link;
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as f64;
     ctx.metrics.render(&[
+        (
+            "autonomic_connected",
+            "1 while the control-plane session is up.",
+            f64::from(u8::from(link.connected.load(Relaxed))),
+        ),
+        (
+            "autonomic_last_welcome_timestamp_seconds",
+            "Unix time of the last welcome.",
+            n(&link.last_welcome),
+        ),
+        (
+            "autonomic_reconnects_total",
+            "Dials after a session ended or failed.",
+            n(&link.reconnects),
+        ),
+        (
+            "autonomic_snapshots_sent_total",
+            "Snapshot frames sent.",
+            n(&link.snapshots_sent),
+        ),
+        (
+            "autonomic_deltas_sent_total",
+            "Delta frames sent.",
+            n(&link.deltas_sent),
+        ),
+        (
+            "autonomic_bytes_sent_total",
+            "Bytes of text frames sent.",
+            n(&link.bytes_sent),
+        ),
+        (
+            "autonomic_frames_rejected_total",
+            "Frames from the control plane answered with an error.",
+            n(&link.frames_rejected),
+        ),
+        (
+            "autonomic_audit_queued",
+            "Audit events waiting to be sent.",
+            link.audit.queued() as f64,
+        ),
+        (
+            "autonomic_audit_dropped_total",
+            "Audit events dropped because the queue was full.",
+            link.audit.dropped() as f64,
+        ),
         (
             "autonomic_queue_depth",
             "Objects waiting to be reconciled.",

@@ -1,6 +1,7 @@
 //! autonomic-manager: the in-cluster operator of the autonomic.sh platform.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod cache;
 pub mod config;
 pub mod connect;
@@ -70,15 +71,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         "autonomic-manager starting"
     );
 
-    if config.managed {
-        // Said loudly rather than pretended: the connector is not wired up yet.
-        tracing::error!(
-            "AUTONOMIC_MANAGED=true, but this build has no control-plane connection yet: reconciling unmanaged"
-        );
-    }
     let mut tasks = tokio::task::JoinSet::new();
-    reconcile::spawn_watches(&ctx, Arc::new(|_| {}), &mut tasks);
+    let notify: Arc<dyn Fn(reconcile::Changed) + Send + Sync> = if config.managed {
+        let link = ctx.link.clone();
+        Arc::new(move |c| link.mark(c))
+    } else {
+        Arc::new(|_| {})
+    };
+    reconcile::spawn_watches(&ctx, notify, &mut tasks);
     reconcile::spawn_workers(&ctx, &mut tasks);
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let connector = config
+        .managed
+        .then(|| tokio::spawn(connect::run(ctx.clone(), stopping)));
     let health = health::serve(listener, ctx.clone());
     tokio::pin!(health);
     tokio::pin!(shutdown);
@@ -88,6 +93,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         r = &mut health => Err(Error::Probe { addr: probe_addr, source: r.err().unwrap_or_else(|| std::io::Error::other("stopped")) }),
         Some(r) = tasks.join_next() => Err(Error::TaskEnded(format!("{r:?}"))),
     };
+    // Shutdown is one path: the connector closes its socket with 1000, bounded in time.
+    let _ = stop.send(true);
+    if let Some(connector) = connector {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(4), connector).await;
+    }
     tasks.abort_all();
     tracing::info!("autonomic-manager stopped");
     result

@@ -108,6 +108,8 @@ pub struct Context {
     pub queue: Arc<Queue>,
     pub metrics: Arc<Metrics>,
     pub synced: Arc<SyncGate>,
+    /// The control-plane connection's shared state (idle when unmanaged).
+    pub link: Arc<crate::connect::Link>,
     recorder: Recorder,
 }
 
@@ -172,6 +174,7 @@ impl Context {
             queue: Default::default(),
             metrics,
             synced: Default::default(),
+            link: Default::default(),
         })
     }
 
@@ -349,7 +352,7 @@ impl Context {
         }
     }
 
-    fn key_of<K: ResourceExt>(kind: Kind, obj: &K) -> Key {
+    pub(crate) fn key_of<K: ResourceExt>(kind: Kind, obj: &K) -> Key {
         Key::new(kind, obj.namespace().unwrap_or_default(), obj.name_any())
     }
 

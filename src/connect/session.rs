@@ -1,0 +1,393 @@
+//! One connection's life (PROTOCOL.md §4): hello → welcome → snapshot → deltas,
+//! heartbeats, periodic snapshots, and the control plane's requests, in one `select!`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+use super::frame::{self, Frame};
+use super::socket::Socket;
+use super::{Link, control, wire};
+use crate::audit::{now_rfc3339, uuid_v4};
+use crate::connect::frame::{
+    AuditAction, AuditDetail, AuditEvent, AuditTarget, Change, ControlResult, Delta, ErrorFrame,
+    Heartbeat, IoClose, Snapshot,
+};
+use crate::reconcile::Context;
+
+/// How a session ended, which decides the wait before the next dial.
+#[derive(Debug, PartialEq, Eq)]
+pub enum End {
+    Shutdown,
+    /// The control plane closed the socket with this code and reason.
+    Closed(u16, String),
+    /// Nothing arrived for 3 heartbeat intervals.
+    Dead,
+    NoWelcome,
+    /// The socket failed or ended without a close frame.
+    Dropped(String),
+}
+
+/// Changes arriving within this window leave as one delta (newest state wins).
+const COALESCE: Duration = Duration::from_millis(100);
+
+struct Conn<'a> {
+    ws: Socket,
+    seq: u64,
+    ctx: &'a Arc<Context>,
+}
+
+impl Conn<'_> {
+    fn link(&self) -> &Link {
+        &self.ctx.link
+    }
+
+    async fn send(&mut self, frame: &Frame) -> Result<(), End> {
+        let text = frame::encode(frame);
+        self.link().bytes_sent.fetch_add(text.len() as u64, Relaxed);
+        self.ws
+            .send(Message::text(text))
+            .await
+            .map_err(|e| End::Dropped(format!("send failed: {e}")))
+    }
+
+    async fn snapshot(&mut self) -> Result<(), End> {
+        // Everything pending is in the snapshot.
+        self.link().take_dirty();
+        self.seq += 1;
+        let resources = wire::all(self.ctx);
+        let frame = Frame::Snapshot(Snapshot {
+            seq: self.seq,
+            resources,
+        });
+        self.send(&frame).await?;
+        self.link().snapshots_sent.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    async fn delta(&mut self) -> Result<(), End> {
+        let dirty = self.link().take_dirty();
+        if dirty.is_empty() {
+            return Ok(());
+        }
+        let changes = dirty
+            .into_iter()
+            .map(|c| {
+                let current = (!c.removed)
+                    .then(|| wire::of(self.ctx, c.key.kind, &c.key.namespace, &c.key.name))
+                    .flatten();
+                match current {
+                    Some(resource) => Change::Upsert { resource },
+                    None => Change::Remove {
+                        kind: c.key.kind.as_str().to_owned(),
+                        namespace: c.key.namespace,
+                        name: c.key.name,
+                        uid: c.uid,
+                    },
+                }
+            })
+            .collect();
+        self.seq += 1;
+        self.send(&Frame::Delta(Delta {
+            seq: self.seq,
+            changes,
+        }))
+        .await?;
+        self.link().deltas_sent.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    async fn flush_audit(&mut self) -> Result<(), End> {
+        let events = self.link().audit.drain();
+        let mut iter = events.into_iter();
+        while let Some(event) = iter.next() {
+            if let Err(e) = self
+                .send(&Frame::Audit(frame::Audit {
+                    event: event.clone(),
+                }))
+                .await
+            {
+                // Not sent: back in the queue for the next connection.
+                self.link()
+                    .audit
+                    .requeue(std::iter::once(event).chain(iter).collect());
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    async fn error(
+        &mut self,
+        code: &str,
+        message: String,
+        reference: Option<String>,
+    ) -> Result<(), End> {
+        self.link().frames_rejected.fetch_add(1, Relaxed);
+        let frame = Frame::Error(ErrorFrame {
+            code: code.into(),
+            message,
+            reference,
+        });
+        self.send(&frame).await
+    }
+
+    async fn handle_text(&mut self, text: &str) -> Result<(), End> {
+        let frame = match frame::decode(text) {
+            Ok(Some(f)) => f,
+            Ok(None) => {
+                tracing::debug!("ignoring a frame of unknown type");
+                return Ok(());
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "malformed frame from the control plane");
+                return self.send_bad(&e).await;
+            }
+        };
+        match frame {
+            Frame::Heartbeat(_) | Frame::Welcome(_) => Ok(()),
+            Frame::Resync => self.snapshot().await,
+            Frame::Control(c) => {
+                let outcome = control::execute(self.ctx, &c).await;
+                let (ok, error) = match &outcome {
+                    Ok(_) => (true, None),
+                    Err(why) => (false, Some(why.clone())),
+                };
+                tracing::info!(id = %c.id, action = ?c.action, kind = %c.target.kind, namespace = %c.target.namespace, name = %c.target.name, ok, "control");
+                self.send(&Frame::ControlResult(ControlResult {
+                    id: c.id.clone(),
+                    ok,
+                    error: error.clone(),
+                }))
+                .await?;
+                self.link().audit.record(AuditEvent {
+                    id: uuid_v4(),
+                    time: now_rfc3339(),
+                    action: if ok {
+                        AuditAction::ControlDone
+                    } else {
+                        AuditAction::ControlDenied
+                    },
+                    actor: c.actor.clone(),
+                    session_id: None,
+                    target: AuditTarget {
+                        kind: c.target.kind.clone(),
+                        namespace: c.target.namespace.clone(),
+                        name: c.target.name.clone(),
+                        pod: None,
+                        container: None,
+                    },
+                    detail: AuditDetail {
+                        command: Some(vec![format!("{:?}", c.action).to_lowercase()]),
+                        reason: outcome.err().or(outcome_detail(&ok)),
+                        ..Default::default()
+                    },
+                });
+                Ok(())
+            }
+            Frame::IoOpen(o) => {
+                // Shell I/O is not part of this build: refuse as the spec refuses, audited.
+                let reason = "shell sessions are not available in this manager version";
+                self.send(&Frame::IoClose(IoClose {
+                    channel: o.channel,
+                    exit_code: None,
+                    reason: Some("denied".into()),
+                }))
+                .await?;
+                self.link().audit.record(AuditEvent {
+                    id: uuid_v4(),
+                    time: now_rfc3339(),
+                    action: AuditAction::SessionDenied,
+                    actor: o.actor,
+                    session_id: Some(o.session_id),
+                    target: AuditTarget {
+                        kind: "Agent".into(),
+                        namespace: o.target.namespace,
+                        name: o.target.agent,
+                        pod: None,
+                        container: Some(o.target.container),
+                    },
+                    detail: AuditDetail {
+                        command: Some(o.command),
+                        reason: Some(reason.into()),
+                        ..Default::default()
+                    },
+                });
+                Ok(())
+            }
+            Frame::IoResize(r) => {
+                self.error(
+                    "unknown_channel",
+                    format!("no session on channel {}", r.channel),
+                    Some("io_resize".into()),
+                )
+                .await
+            }
+            Frame::IoClose(c) => {
+                self.error(
+                    "unknown_channel",
+                    format!("no session on channel {}", c.channel),
+                    Some("io_close".into()),
+                )
+                .await
+            }
+            Frame::Error(e) => {
+                tracing::warn!(code = %e.code, message = %e.message, "the control plane reported an error");
+                Ok(())
+            }
+            other => {
+                let t = other.type_name();
+                self.error(
+                    "bad_frame",
+                    format!("{t} is not sent by the control plane"),
+                    Some(t.into()),
+                )
+                .await
+            }
+        }
+    }
+
+    async fn send_bad(&mut self, e: &frame::DecodeError) -> Result<(), End> {
+        self.link().frames_rejected.fetch_add(1, Relaxed);
+        self.send(&Frame::bad_frame(e)).await
+    }
+
+    async fn close(&mut self, code: u16, reason: &str) {
+        let frame = CloseFrame {
+            code: CloseCode::from(code),
+            reason: reason.to_owned().into(),
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.ws.close(Some(frame))).await;
+    }
+}
+
+fn outcome_detail(ok: &bool) -> Option<String> {
+    (!ok).then(|| "failed".to_owned())
+}
+
+/// Waits for `welcome`, answering malformed frames meanwhile.
+async fn await_welcome(conn: &mut Conn<'_>) -> Result<frame::Welcome, End> {
+    loop {
+        match conn.ws.next().await {
+            Some(Ok(Message::Text(t))) => match frame::decode(&t) {
+                Ok(Some(Frame::Welcome(w))) => return Ok(w),
+                Ok(_) => {}
+                Err(e) => conn.send_bad(&e).await?,
+            },
+            Some(Ok(Message::Close(f))) => return Err(closed(f)),
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(End::Dropped(e.to_string())),
+            None => return Err(End::Dropped("closed before welcome".into())),
+        }
+    }
+}
+
+fn closed(f: Option<CloseFrame>) -> End {
+    match f {
+        Some(f) => End::Closed(u16::from(f.code), f.reason.to_string()),
+        None => End::Closed(1005, String::new()),
+    }
+}
+
+/// Runs one connected session until it ends.
+pub async fn run(
+    ctx: &Arc<Context>,
+    ws: Socket,
+    hello: Frame,
+    shutdown: &mut watch::Receiver<bool>,
+    on_welcome: impl FnOnce(),
+) -> End {
+    let mut conn = Conn { ws, seq: 0, ctx };
+    match drive(&mut conn, hello, shutdown, on_welcome).await {
+        Ok(()) => End::Shutdown,
+        Err(End::Shutdown) => {
+            conn.close(1000, "shutdown").await;
+            End::Shutdown
+        }
+        Err(End::Dead) => {
+            conn.close(1001, "no heartbeat from the control plane")
+                .await;
+            End::Dead
+        }
+        Err(End::NoWelcome) => {
+            conn.close(1002, "no welcome").await;
+            End::NoWelcome
+        }
+        Err(end) => end,
+    }
+}
+
+async fn drive(
+    conn: &mut Conn<'_>,
+    hello: Frame,
+    shutdown: &mut watch::Receiver<bool>,
+    on_welcome: impl FnOnce(),
+) -> Result<(), End> {
+    conn.send(&hello).await?;
+    let welcome_timeout = conn.ctx.config.welcome_timeout;
+    let welcome = tokio::select! {
+        w = tokio::time::timeout(welcome_timeout, await_welcome(conn)) => match w {
+            Ok(w) => w?,
+            Err(_) => return Err(End::NoWelcome),
+        },
+        _ = shutdown.changed() => return Err(End::Shutdown),
+    };
+    on_welcome();
+    tracing::info!(deployment_id = %welcome.deployment_id, heartbeat_s = welcome.heartbeat_interval().as_secs(), "welcome from the control plane");
+    conn.snapshot().await?;
+    conn.flush_audit().await?;
+
+    let heartbeat = welcome.heartbeat_interval();
+    let mut heartbeat_tick = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
+    let snapshot_every = welcome.snapshot_interval();
+    let mut snapshot_tick =
+        tokio::time::interval_at(Instant::now() + snapshot_every, snapshot_every);
+    let mut last_rx = Instant::now();
+    let mut delta_due: Option<Instant> = None;
+    let link = conn.ctx.link.clone();
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return Err(End::Shutdown),
+            msg = conn.ws.next() => {
+                last_rx = Instant::now();
+                match msg {
+                    Some(Ok(Message::Text(t))) => conn.handle_text(&t).await?,
+                    Some(Ok(Message::Binary(b))) => {
+                        let msg = match frame::decode_io(&b) {
+                            Ok(chunk) => format!("no session on channel {}", chunk.channel),
+                            Err(e) => e.to_string(),
+                        };
+                        conn.error("unknown_channel", msg, None).await?;
+                    }
+                    Some(Ok(Message::Close(f))) => return Err(closed(f)),
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(End::Dropped(e.to_string())),
+                    None => return Err(End::Dropped("connection closed".into())),
+                }
+            }
+            _ = link.dirty_notify.notified(), if delta_due.is_none() => {
+                delta_due = Some(Instant::now() + COALESCE);
+            }
+            _ = sleep_until(delta_due.unwrap_or_else(Instant::now)), if delta_due.is_some() => {
+                delta_due = None;
+                conn.delta().await?;
+            }
+            _ = link.audit.notify.notified() => conn.flush_audit().await?,
+            _ = heartbeat_tick.tick() => {
+                if last_rx.elapsed() >= heartbeat * 3 {
+                    tracing::warn!(silent_s = last_rx.elapsed().as_secs(), "nothing from the control plane for 3 heartbeat intervals: reconnecting");
+                    return Err(End::Dead);
+                }
+                conn.send(&Frame::Heartbeat(Heartbeat { sent_at: now_rfc3339() })).await?;
+            }
+            _ = snapshot_tick.tick() => conn.snapshot().await?,
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! Dialling the control plane: TCP (directly or through an HTTP `CONNECT` proxy), TLS
+//! with the platform's roots plus `AUTONOMIC_CA_FILE`, and the WebSocket upgrade.
+
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
+
+use crate::config::{BaseUrl, Config, Token};
+use crate::connect::frame::{MAX_FRAME_BYTES, SUBPROTOCOL};
+
+pub type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// Why a dial failed; each is one log line.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    #[error("token rejected (HTTP {status}) for token {prefix}…")]
+    Rejected { status: u16, prefix: String },
+    #[error("no control plane at {url} (HTTP 404): check AUTONOMIC_BASE_URL")]
+    NotFound { url: String },
+    #[error("upgrade refused with HTTP {0}")]
+    Http(u16),
+    #[error("cannot connect to {target}: {reason}")]
+    Connect { target: String, reason: String },
+    #[error("proxy {proxy}: {reason}")]
+    Proxy { proxy: String, reason: String },
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("WebSocket handshake failed: {0}")]
+    Handshake(String),
+}
+
+impl DialError {
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            DialError::Rejected { status, .. } | DialError::Http(status) => Some(*status),
+            DialError::NotFound { .. } => Some(404),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `host` is exempt from the proxy by `NO_PROXY` (comma list of hosts, `.suffix`
+/// or `suffix` domain matches, `*` for all).
+pub fn bypasses_proxy(no_proxy: Option<&str>, host: &str) -> bool {
+    let host = host.to_ascii_lowercase();
+    no_proxy
+        .into_iter()
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .any(|entry| {
+            let entry = entry.to_ascii_lowercase();
+            let entry = entry.split(':').next().unwrap_or_default();
+            let domain = entry.trim_start_matches('.');
+            !domain.is_empty()
+                && (entry == "*" || host == domain || host.ends_with(&format!(".{domain}")))
+        })
+}
+
+/// Splits a proxy URL into `host:port`. Credentials in it are not supported (said so).
+fn proxy_authority(proxy: &str) -> Result<String, String> {
+    let url = BaseUrl::parse(proxy)?;
+    if url.tls {
+        return Err("only http:// proxies are supported".into());
+    }
+    Ok(url.authority())
+}
+
+async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
+    let target = config.base_url.authority();
+    let proxy = config
+        .https_proxy
+        .as_deref()
+        .filter(|_| !bypasses_proxy(config.no_proxy.as_deref(), &config.base_url.host));
+    let Some(proxy) = proxy else {
+        return TcpStream::connect(&target)
+            .await
+            .map_err(|e| DialError::Connect {
+                target,
+                reason: e.to_string(),
+            });
+    };
+    let proxy_err = |reason: String| DialError::Proxy {
+        proxy: proxy.to_owned(),
+        reason,
+    };
+    let authority = proxy_authority(proxy).map_err(proxy_err)?;
+    let mut stream = TcpStream::connect(&authority)
+        .await
+        .map_err(|e| proxy_err(format!("cannot connect: {e}")))?;
+    let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| proxy_err(e.to_string()))?;
+    // Read the answer's head byte by byte: nothing past it may be consumed.
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > 8192 {
+            return Err(proxy_err("answer head too large".into()));
+        }
+        let b = stream
+            .read_u8()
+            .await
+            .map_err(|e| proxy_err(format!("closed during CONNECT: {e}")))?;
+        head.push(b);
+    }
+    let status_line = String::from_utf8_lossy(&head);
+    let status_line = status_line.lines().next().unwrap_or_default();
+    let status = status_line.split_whitespace().nth(1).unwrap_or_default();
+    if status != "200" {
+        return Err(proxy_err(format!("CONNECT refused: {status_line}")));
+    }
+    Ok(stream)
+}
+
+/// The platform's roots: the Mozilla set (the image has no system store) plus any PEM
+/// certificates in `AUTONOMIC_CA_FILE`.
+pub fn tls_config(config: &Config) -> Result<Arc<rustls::ClientConfig>, DialError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = &config.ca_file {
+        let certs: Vec<_> = CertificateDer::pem_file_iter(path)
+            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| DialError::Tls(format!("AUTONOMIC_CA_FILE {}: {e}", path.display())))?;
+        if certs.is_empty() {
+            return Err(DialError::Tls(format!(
+                "AUTONOMIC_CA_FILE {}: no PEM certificates",
+                path.display()
+            )));
+        }
+        for cert in certs {
+            roots.add(cert).map_err(|e| {
+                DialError::Tls(format!("AUTONOMIC_CA_FILE {}: {e}", path.display()))
+            })?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| DialError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(tls))
+}
+
+/// Opens the WebSocket. `token` goes only into the `Authorization` header.
+pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
+    let url = config.base_url.endpoint(true, "connect");
+    let mut request = url
+        .as_str()
+        .into_client_request()
+        .map_err(|e| DialError::Handshake(e.to_string()))?;
+    let headers = request.headers_mut();
+    let bearer = HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
+        DialError::Handshake("the token holds characters not allowed in a header".into())
+    })?;
+    headers.insert("authorization", bearer);
+    headers.insert(
+        "sec-websocket-protocol",
+        HeaderValue::from_static(SUBPROTOCOL),
+    );
+    headers.insert(
+        "user-agent",
+        HeaderValue::from_static(concat!("autonomic-manager/", env!("CARGO_PKG_VERSION"))),
+    );
+    let connector = if config.base_url.tls {
+        Connector::Rustls(tls_config(config)?)
+    } else {
+        Connector::Plain
+    };
+    let stream = tcp(config).await?;
+    // Twice the largest frame we accept: a snapshot may be big, a peer may not be huge.
+    let ws_config = WebSocketConfig::default()
+        .max_message_size(Some(MAX_FRAME_BYTES * 64))
+        .max_frame_size(Some(MAX_FRAME_BYTES * 64));
+    match tokio_tungstenite::client_async_tls_with_config(
+        request,
+        stream,
+        Some(ws_config),
+        Some(connector),
+    )
+    .await
+    {
+        Ok((socket, _)) => Ok(socket),
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            let status = resp.status().as_u16();
+            Err(match status {
+                401 | 403 => DialError::Rejected {
+                    status,
+                    prefix: token.prefix(),
+                },
+                404 => DialError::NotFound { url },
+                _ => DialError::Http(status),
+            })
+        }
+        Err(tokio_tungstenite::tungstenite::Error::Tls(e)) => Err(DialError::Tls(e.to_string())),
+        Err(tokio_tungstenite::tungstenite::Error::Io(e)) => {
+            // rustls reports certificate problems as I/O errors carrying a rustls error.
+            let text = e.to_string();
+            if text.contains("certificate") || text.contains("Tls") || text.contains("TLS") {
+                Err(DialError::Tls(text))
+            } else {
+                Err(DialError::Handshake(text))
+            }
+        }
+        Err(e) => Err(DialError::Handshake(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_proxy_matching() {
+        let np = Some("localhost, .internal,example.com:443 ,10.0.0.1");
+        for (host, bypass) in [
+            ("localhost", true),
+            ("cp.internal", true),
+            ("internal", true),
+            ("example.com", true),
+            ("api.example.com", true),
+            ("notexample.com", false),
+            ("10.0.0.1", true),
+            ("exo.adaptive.live", false),
+        ] {
+            assert_eq!(bypasses_proxy(np, host), bypass, "{host}");
+        }
+        assert!(bypasses_proxy(Some("*"), "anything"));
+        assert!(!bypasses_proxy(None, "anything"));
+        assert!(!bypasses_proxy(Some(""), "anything"));
+    }
+
+    #[test]
+    fn proxies_must_be_plain_http() {
+        assert_eq!(proxy_authority("http://proxy:3128").unwrap(), "proxy:3128");
+        assert!(proxy_authority("https://proxy:3128").is_err());
+    }
+}

@@ -1,0 +1,591 @@
+//! Managed mode against the fake control plane (a real WebSocket server on loopback)
+//! and the real API server: the protocol of PROTOCOL.md §2–§5 and §7.
+
+mod support;
+
+use std::time::Duration;
+
+use autonomic_manager::crd::{Agent, AgentPhase, Runtime, Tool};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::fake_cp::{FakeCp, Mode, Received, ReceivedKind};
+use support::*;
+
+const TOKEN: &str = "tok_live_3f9a1c7e5b2d4a60";
+
+fn managed_env(cp: &FakeCp) -> Vec<(&'static str, String)> {
+    vec![
+        ("AUTONOMIC_MANAGED", "true".into()),
+        ("AUTONOMIC_BASE_URL", cp.url()),
+        ("AUTONOMIC_AUTH_TOKEN", TOKEN.into()),
+        ("AUTONOMIC_BACKOFF_INITIAL_MS", "100".into()),
+        ("AUTONOMIC_BACKOFF_MAX_MS", "400".into()),
+        ("AUTONOMIC_CLUSTER_ID", "test-cluster".into()),
+    ]
+}
+
+fn start(ns: &str, env: &[(&'static str, String)]) -> Manager {
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    Manager::start(ns, &pairs)
+}
+
+fn is(t: &'static str) -> impl Fn(&Received) -> bool {
+    move |r| r.frame_type() == Some(t)
+}
+
+fn json_of(r: &Received) -> Value {
+    r.json().cloned().unwrap_or(Value::Null)
+}
+
+/// The manager's log must never hold the token (its 6-character prefix may appear).
+fn assert_no_token(m: &Manager) {
+    let logs = m.logs();
+    assert!(!logs.contains(TOKEN), "the token leaked into the log");
+    assert!(
+        !logs.contains(&TOKEN[6..]),
+        "part of the token leaked into the log"
+    );
+}
+
+async fn create<K>(api: &Api<K>, text: &str) -> K
+where
+    K: Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.create(&PostParams::default(), &yaml(text))
+        .await
+        .expect("create")
+}
+
+#[tokio::test]
+async fn hello_snapshot_then_deltas_for_every_kind() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "cp-sync").await;
+    let rt: Runtime = create(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {name: base}\nspec: {image: 'img:1'}").await;
+    let cp = FakeCp::start().await;
+    let m = start(&ns.name, &managed_env(&cp));
+
+    let hello = json_of(&cp.wait_frame("hello", is("hello")).await);
+    assert_eq!(hello["protocol"], 1);
+    assert_eq!(hello["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(hello["cluster_id"], "test-cluster");
+    assert_eq!(hello["boot_id"].as_str().unwrap().len(), 36);
+    assert!(
+        hello["host"]["kubernetes_version"]
+            .as_str()
+            .unwrap()
+            .starts_with("v1.")
+    );
+    let req = &cp.requests()[0];
+    assert_eq!(req.path, "/api/autonomic/connect");
+    assert_eq!(req.headers["authorization"], format!("Bearer {TOKEN}"));
+    assert_eq!(req.headers["sec-websocket-protocol"], "autonomic.v1");
+    assert!(req.headers["user-agent"].starts_with("autonomic-manager/"));
+
+    // The snapshot holds what is in the cluster, in wire form.
+    let snap = json_of(&cp.wait_frame("snapshot", is("snapshot")).await);
+    assert_eq!(snap["seq"], 1);
+    let res = snap["resources"].as_array().unwrap();
+    let base = res
+        .iter()
+        .find(|r| r["name"] == "base")
+        .expect("the Runtime in the snapshot");
+    assert_eq!(base["kind"], "Runtime");
+    assert_eq!(base["uid"], rt.uid().unwrap());
+    assert_eq!(base["spec"]["image"], "img:1");
+    assert_eq!(base["pods"], json!([]));
+    m.wait_ready().await;
+    assert_eq!(m.metric("autonomic_connected").await, 1.0);
+
+    // Create, update, delete of each kind become deltas.
+    create::<Tool>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {name: t1}\nspec: {image: 'img:2'}").await;
+    create::<autonomic_manager::crd::Memory>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Memory\nmetadata: {name: m1}\nspec: {backend: redis, url: 'redis://x'}").await;
+    create::<Agent>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: a1}\nspec: {runtime: {ref: base}, memory: [m1]}").await;
+    let upsert_of = |kind: &'static str, name: &'static str, pred: fn(&Value) -> bool| {
+        move |r: &Received| {
+            r.frame_type() == Some("delta")
+                && json_of(r)["changes"].as_array().unwrap().iter().any(|c| {
+                    c["op"] == "upsert"
+                        && c["resource"]["kind"] == kind
+                        && c["resource"]["name"] == name
+                        && pred(&c["resource"])
+                })
+        }
+    };
+    cp.wait_frame("Tool upsert", upsert_of("Tool", "t1", |_| true))
+        .await;
+    cp.wait_frame(
+        "Memory bound",
+        upsert_of("Memory", "m1", |r| {
+            r["phase"] == "Bound" && r["ready"] == true
+        }),
+    )
+    .await;
+    cp.wait_frame(
+        "Agent upsert with memory refs",
+        upsert_of("Agent", "a1", |r| {
+            r["status"]["memory_refs"][0]["secret_name"] == "m1-memory"
+        }),
+    )
+    .await;
+    ns.api::<Runtime>()
+        .patch(
+            "base",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": "img:9"}})),
+        )
+        .await
+        .unwrap();
+    cp.wait_frame(
+        "Runtime update",
+        upsert_of("Runtime", "base", |r| {
+            r["spec"]["image"] == "img:9" && r["generation"] == 2
+        }),
+    )
+    .await;
+    ns.api::<Tool>()
+        .delete("t1", &DeleteParams::default())
+        .await
+        .unwrap();
+    cp.wait_frame("Tool removal", |r| {
+        r.frame_type() == Some("delta")
+            && json_of(r)["changes"].as_array().unwrap().iter().any(|c| {
+                c["op"] == "remove"
+                    && c["kind"] == "Tool"
+                    && c["name"] == "t1"
+                    && c["uid"].as_str().is_some_and(|u| !u.is_empty())
+            })
+    })
+    .await;
+
+    // seq: 1 on the snapshot, then +1 on every snapshot and delta, no gaps.
+    let seqs: Vec<u64> = cp
+        .frames()
+        .iter()
+        .filter(|r| matches!(r.frame_type(), Some("snapshot" | "delta")))
+        .map(|r| json_of(r)["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    assert_no_token(&m);
+}
+
+#[tokio::test]
+async fn agent_wire_form_carries_its_pod_and_context_summary() {
+    require_node();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "cp-pods").await;
+    let cp = FakeCp::start().await;
+    let _m = start(&ns.name, &managed_env(&cp));
+    cp.wait_frame("snapshot", is("snapshot")).await;
+    let agents: Api<Agent> = ns.api();
+    create(&agents, &format!("apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec: {{runtime: {{image: '{BUSYBOX_IMAGE}', command: [sh, -c, 'trap \"exit 0\" TERM; while :; do sleep 1; done']}}}}")).await;
+    wait_for(&agents, "a", "Active", |a| {
+        a.status.as_ref().and_then(|s| s.phase) == Some(AgentPhase::Active)
+    })
+    .await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = ns.api();
+    pods.patch("a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {"autonomic.sh/context-summary": "reading the logs"}}})))
+        .await
+        .unwrap();
+    let frame = cp
+        .wait_frame("Active agent with its pod and summary", |r| {
+            r.frame_type() == Some("delta")
+                && json_of(r)["changes"].as_array().unwrap().iter().any(|c| {
+                    let a = &c["resource"];
+                    a["name"] == "a"
+                        && a["phase"] == "Active"
+                        && a["status"]["context_summary"] == "reading the logs"
+                })
+        })
+        .await;
+    let delta = json_of(&frame);
+    let agent = delta["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["resource"]["name"] == "a")
+        .unwrap();
+    let pod = &agent["resource"]["pods"][0];
+    assert_eq!(
+        (
+            pod["name"].as_str(),
+            pod["phase"].as_str(),
+            pod["ready"].as_bool()
+        ),
+        (Some("a"), Some("Running"), Some(true))
+    );
+    assert_eq!(pod["node"], "testbed-node");
+    let names: Vec<_> = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["agentlet", "runtime"]);
+    assert_eq!(pod["containers"][1]["state"], "running");
+}
+
+#[tokio::test]
+async fn resync_malformed_and_unknown_frames() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "cp-bad").await;
+    let cp = FakeCp::start().await;
+    let m = start(&ns.name, &managed_env(&cp));
+    cp.wait_frame("snapshot", is("snapshot")).await;
+
+    cp.send(json!({"type": "resync"})).await;
+    cp.wait_frame("second snapshot", |r| {
+        r.frame_type() == Some("snapshot") && json_of(r)["seq"] == 2
+    })
+    .await;
+
+    for (garbage, reference) in [
+        ("{not json", None),
+        ("[1,2,3]", None),
+        (r#"{"type": 7}"#, None),
+        (r#"{"type": "control", "id": "x"}"#, Some("control")),
+        (
+            r#"{"type": "io_resize", "channel": "one"}"#,
+            Some("io_resize"),
+        ),
+    ] {
+        let before = std::time::Instant::now();
+        cp.send_raw(garbage).await;
+        let err = cp
+            .wait_frame(&format!("error for {garbage}"), |r| {
+                r.frame_type() == Some("error") && r.at >= before
+            })
+            .await;
+        let err = json_of(&err);
+        assert_eq!(err["code"], "bad_frame", "{garbage}");
+        assert_eq!(err["ref"].as_str(), reference, "{garbage}");
+    }
+    // Unknown types are ignored; binary on an unknown channel is answered; the link stays up.
+    cp.send(json!({"type": "future_feature", "x": 1})).await;
+    cp.send_binary(vec![0, 0, 0, 9, 0, b'l', b's']).await;
+    cp.wait_frame("unknown_channel", |r| {
+        r.frame_type() == Some("error") && json_of(r)["code"] == "unknown_channel"
+    })
+    .await;
+    cp.send(json!({"type": "resync"})).await;
+    cp.wait_frame("third snapshot", |r| {
+        r.frame_type() == Some("snapshot") && json_of(r)["seq"] == 3
+    })
+    .await;
+    assert_eq!(cp.accepted(), 1, "still the first connection");
+    assert!(
+        !cp.frames()
+            .iter()
+            .any(|r| r.frame_type() == Some("error") && json_of(r)["ref"] == "future_feature")
+    );
+    assert!(m.metric("autonomic_frames_rejected_total").await >= 6.0);
+    assert!(!m.logs().contains("panicked"));
+}
+
+#[tokio::test]
+async fn control_actions_change_the_cluster_and_are_audited() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "cp-control").await;
+    let other = TestNamespace::new(&client, "cp-elsewhere").await;
+    let cp = FakeCp::start().await;
+    let m = start(&ns.name, &managed_env(&cp));
+    let agents: Api<Agent> = ns.api();
+    create(&agents, "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: bot}\nspec: {runtime: {image: 'img:1'}}").await;
+    create::<Tool>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {name: t}\nspec: {image: 'img:1'}").await;
+    create::<Runtime>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {name: r}\nspec: {image: 'img:1'}").await;
+    create::<Agent>(&other.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: bot}\nspec: {runtime: {image: 'img:1'}}").await;
+    cp.wait_frame("Agent in a delta or snapshot", |r| {
+        let j = json_of(r);
+        let in_snap = j["resources"]
+            .as_array()
+            .is_some_and(|rs| rs.iter().any(|x| x["name"] == "bot"));
+        let in_delta = j["changes"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["resource"]["name"] == "bot"));
+        in_snap || in_delta
+    })
+    .await;
+    wait_until("the Tool in the manager's cache", || async {
+        cp.frames().iter().any(|r| {
+            json_of(r)["changes"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| c["resource"]["name"] == "t"))
+        }) || cp.frames().iter().any(|r| {
+            json_of(r)["resources"]
+                .as_array()
+                .is_some_and(|rs| rs.iter().any(|x| x["name"] == "t"))
+        })
+    })
+    .await;
+
+    let control = |id: &str, action: &str, kind: &str, namespace: &str, name: &str| {
+        json!({"type": "control", "id": id, "action": action, "actor": "alice@example.com",
+               "target": {"kind": kind, "namespace": namespace, "name": name}})
+    };
+    let result = |id: &'static str| {
+        move |r: &Received| r.frame_type() == Some("control_result") && json_of(r)["id"] == id
+    };
+
+    cp.send(control("c1", "pause", "Agent", &ns.name, "bot"))
+        .await;
+    assert_eq!(
+        json_of(&cp.wait_frame("c1", result("c1")).await)["ok"],
+        true
+    );
+    wait_for(&agents, "bot", "paused", |a| a.spec.paused).await;
+    cp.send(control("c2", "resume", "Agent", &ns.name, "bot"))
+        .await;
+    assert_eq!(
+        json_of(&cp.wait_frame("c2", result("c2")).await)["ok"],
+        true
+    );
+    wait_for(&agents, "bot", "resumed", |a| !a.spec.paused).await;
+    cp.send(control("c3", "pause", "Tool", &ns.name, "t")).await;
+    assert_eq!(
+        json_of(&cp.wait_frame("c3", result("c3")).await)["ok"],
+        true
+    );
+    wait_for(&ns.api::<Tool>(), "t", "disabled", |t| t.spec.disabled).await;
+
+    // Refusals: another kind, another namespace, a missing target.
+    for (id, kind, namespace, name, why) in [
+        (
+            "d1",
+            "Runtime",
+            ns.name.as_str(),
+            "r",
+            "cannot be controlled",
+        ),
+        ("d2", "Agent", other.name.as_str(), "bot", "not watched"),
+        ("d3", "Agent", ns.name.as_str(), "nobody", "not found"),
+        ("d4", "Pod", ns.name.as_str(), "bot", "cannot be controlled"),
+    ] {
+        let id: &'static str = Box::leak(id.to_owned().into_boxed_str());
+        cp.send(control(id, "delete", kind, namespace, name)).await;
+        let r = json_of(&cp.wait_frame(id, result(id)).await);
+        assert_eq!(r["ok"], false, "{id}");
+        assert!(r["error"].as_str().unwrap().contains(why), "{id}: {r}");
+    }
+    assert!(
+        other.api::<Agent>().get_opt("bot").await.unwrap().is_some(),
+        "the other namespace is untouched"
+    );
+
+    cp.send(control("c4", "delete", "Agent", &ns.name, "bot"))
+        .await;
+    assert_eq!(
+        json_of(&cp.wait_frame("c4", result("c4")).await)["ok"],
+        true
+    );
+    wait_gone(&agents, "bot").await;
+
+    // Every control, done or refused, is one audit event with the actor.
+    wait_until("8 audit events", || async {
+        cp.frames()
+            .iter()
+            .filter(|r| r.frame_type() == Some("audit"))
+            .count()
+            >= 8
+    })
+    .await;
+    let audits: Vec<Value> = cp
+        .frames()
+        .iter()
+        .filter(|r| r.frame_type() == Some("audit"))
+        .map(|r| json_of(r)["event"].clone())
+        .collect();
+    let done = audits
+        .iter()
+        .filter(|e| e["action"] == "control.done")
+        .count();
+    let denied = audits
+        .iter()
+        .filter(|e| e["action"] == "control.denied")
+        .count();
+    assert_eq!((done, denied), (4, 4), "{audits:#?}");
+    assert!(
+        audits
+            .iter()
+            .all(|e| e["actor"] == "alice@example.com" && e["id"].as_str().unwrap().len() == 36)
+    );
+    // …and one structured log line each.
+    assert_eq!(
+        m.logs()
+            .lines()
+            .filter(|l| l.contains("audit") && l.contains("alice@example.com"))
+            .count(),
+        8
+    );
+}
+
+#[tokio::test]
+async fn dead_connection_is_detected_and_redialled() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "cp-dead").await;
+    let cp = FakeCp::start().await;
+    cp.set_welcome(1, 300);
+    cp.set_auto_heartbeat(false);
+    let mut m = start(&ns.name, &managed_env(&cp));
+    cp.wait_frame("snapshot", is("snapshot")).await;
+    // Heartbeats go out every second; the silent peer is dropped after 3 and redialled.
+    cp.wait_frame("a heartbeat", is("heartbeat")).await;
+    wait_until("a second connection", || async { cp.accepted() >= 2 }).await;
+    m.wait_log(
+        "nothing from the control plane for 3 heartbeat intervals",
+        Duration::from_secs(5),
+    );
+    // The readiness probe tells the truth meanwhile.
+    cp.set_mode(Mode::Reject(503));
+    cp.drop_connection().await;
+    wait_until("not ready while disconnected", || async {
+        m.get("/readyz").await.0 == 503
+    })
+    .await;
+    assert!(m.get("/readyz").await.1.contains("not connected"));
+    cp.set_mode(Mode::Accept);
+    cp.set_auto_heartbeat(true);
+    m.wait_ready().await;
+    assert!(m.metric("autonomic_reconnects_total").await >= 2.0);
+}
+
+#[tokio::test]
+async fn eviction_waits_the_eviction_delay_and_says_why() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "cp-evict").await;
+    let cp = FakeCp::start().await;
+    let mut env = managed_env(&cp);
+    env.push(("AUTONOMIC_EVICTION_DELAY_S", "3".into()));
+    let mut m = start(&ns.name, &env);
+    cp.wait_frame("snapshot", is("snapshot")).await;
+    cp.close(4000, "evicted by newer connection").await;
+    let line = m.wait_log("evicted by a newer connection", Duration::from_secs(10));
+    assert!(line.contains("share one token"), "{line}");
+    // The backoff floor is 100 ms here: an immediate redial would be well inside 1.5 s.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(cp.attempts(), 1, "redialled before the eviction delay");
+    wait_until("the redial after the eviction delay", || async {
+        cp.accepted() >= 2
+    })
+    .await;
+    assert_no_token(&m);
+}
+
+#[tokio::test]
+async fn rejected_token_backs_off_and_logs_only_the_prefix() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "cp-reject").await;
+    let cp = FakeCp::start().await;
+    cp.set_mode(Mode::Reject(401));
+    let mut m = start(&ns.name, &managed_env(&cp));
+    let line = m.wait_log("token rejected", Duration::from_secs(20));
+    assert!(
+        line.contains(&TOKEN[..6]),
+        "the token prefix helps find the token: {line}"
+    );
+    wait_until("a few attempts", || async { cp.attempts() >= 3 }).await;
+    assert_eq!(cp.accepted(), 0);
+    // Reconciling goes on while the link is down.
+    create::<Runtime>(
+        &ns.api(),
+        "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {name: r}\nspec: {image: i}",
+    )
+    .await;
+    wait_for(
+        &ns.api::<Runtime>(),
+        "r",
+        "reconciled while disconnected",
+        |r| r.status.is_some(),
+    )
+    .await;
+    // A wrong URL is a 404 with its own message.
+    cp.set_mode(Mode::Reject(404));
+    m.wait_log("check AUTONOMIC_BASE_URL", Duration::from_secs(20));
+    assert_no_token(&m);
+}
+
+#[tokio::test]
+async fn base_url_prefix_and_token_file_rotation() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "cp-rotate").await;
+    let cp = FakeCp::start_with_prefix("/platform/eu").await;
+    let dir = log_dir().join(format!("{}-token", ns.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("token");
+    std::fs::write(&file, "tok_first_aaaaaaaaaaaa\n").unwrap();
+    let mut env: Vec<_> = managed_env(&cp)
+        .into_iter()
+        .filter(|(k, _)| *k != "AUTONOMIC_AUTH_TOKEN")
+        .collect();
+    env.push(("AUTONOMIC_AUTH_TOKEN_FILE", file.display().to_string()));
+    env[1].1 = format!("{}/", cp.url()); // a trailing slash is not doubled
+    let m = start(&ns.name, &env);
+    cp.wait_frame("snapshot", is("snapshot")).await;
+    assert_eq!(cp.requests()[0].path, "/platform/eu/api/autonomic/connect");
+    assert_eq!(
+        cp.requests()[0].headers["authorization"],
+        "Bearer tok_first_aaaaaaaaaaaa"
+    );
+    // The Secret rotates: the file is re-read before the next dial.
+    std::fs::write(&file, "tok_second_bbbbbbbbbbb").unwrap();
+    cp.close(4002, "protocol error").await;
+    wait_until("a second connection", || async { cp.accepted() >= 2 }).await;
+    let last = cp
+        .requests()
+        .into_iter()
+        .rfind(|r| r.status == 101)
+        .unwrap();
+    assert_eq!(
+        last.headers["authorization"],
+        "Bearer tok_second_bbbbbbbbbbb"
+    );
+    let logs = m.logs();
+    assert!(!logs.contains("tok_first_aaaaaaaaaaaa") && !logs.contains("tok_second_bbbbbbbbbbb"));
+}
+
+#[tokio::test]
+async fn control_plane_restart_and_sigterm() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "cp-restart").await;
+    let cp = FakeCp::start().await;
+    let mut m = start(&ns.name, &managed_env(&cp));
+    cp.wait_frame("snapshot", is("snapshot")).await;
+    cp.stop().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cp.restart().await;
+    wait_until("a snapshot on the new connection", || async {
+        cp.frames()
+            .iter()
+            .any(|r| r.conn >= 2 && r.frame_type() == Some("snapshot"))
+    })
+    .await;
+    let snap = cp
+        .frames()
+        .into_iter()
+        .find(|r| r.conn >= 2 && r.frame_type() == Some("snapshot"))
+        .unwrap();
+    assert_eq!(
+        json_of(&snap)["seq"],
+        1,
+        "seq starts at 1 on each connection"
+    );
+    // The second hello carries the same boot id: a reconnect, not a restart.
+    let boots: Vec<Value> = cp
+        .frames()
+        .iter()
+        .filter(|r| r.frame_type() == Some("hello"))
+        .map(|r| json_of(r)["boot_id"].clone())
+        .collect();
+    assert!(boots.len() >= 2 && boots.iter().all(|b| *b == boots[0]));
+
+    // SIGTERM: close 1000 "shutdown", exit 0.
+    let code = m.stop("TERM");
+    assert_eq!(code, Some(0), "{}", m.logs());
+    let close = cp
+        .wait_frame("close 1000", |r| {
+            matches!(&r.kind, ReceivedKind::Close(Some((1000, _))))
+        })
+        .await;
+    if let ReceivedKind::Close(Some((_, reason))) = &close.kind {
+        assert_eq!(reason, "shutdown");
+    }
+}
