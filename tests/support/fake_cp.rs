@@ -1,0 +1,848 @@
+//! A fake control plane for the integration tests: it speaks `autonomic.v1`
+//! (shared/spec/PROTOCOL.md §2–§4) on `127.0.0.1`, records every upgrade request and
+//! every message it receives, and misbehaves on command (rejects upgrades, stays
+//! silent, closes with a code, drops the TCP connection, goes away and comes back).
+//!
+//! The fake runs on a runtime of its own, on a thread of its own: it keeps answering
+//! while a test blocks its own thread (for instance in `Manager::wait_log`), whatever
+//! the test's runtime flavour, and a paused test clock does not stop it. Dropping the
+//! [`FakeCp`] shuts that runtime down, which ends every task and closes every socket.
+//!
+//! The HTTP request head is read by hand, so requests that are not (valid) WebSocket
+//! upgrades are recorded and answered too (404 for another path, 400 for a bad
+//! upgrade); accepted upgrades are handed to tungstenite's server handshake.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::handshake::server::{Request as WsRequest, Response};
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+
+/// The subprotocol the manager offers and the fake chooses.
+pub const SUBPROTOCOL: &str = "autonomic.v1";
+/// The path under the base URL the manager dials (§2).
+pub const CONNECT_PATH: &str = "/api/autonomic/connect";
+/// How long [`FakeCp::wait_frame`] waits before it fails the test.
+pub const FRAME_WAIT: Duration = Duration::from_secs(60);
+
+/// How the fake answers the next upgrade requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Complete the handshake, answer `hello` with `welcome` and heartbeats with heartbeats.
+    Accept,
+    /// Answer the upgrade with this HTTP status (401, 403, 404, 500, …).
+    Reject(u16),
+    /// Complete the handshake, then never send a byte: no welcome, no heartbeats, not
+    /// even the automatic pong or close replies. Messages are still recorded.
+    Silent,
+}
+
+/// One message received from a client.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The connection it arrived on, 1-based in the order upgrades were accepted.
+    pub conn: usize,
+    pub at: Instant,
+    pub kind: ReceivedKind,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReceivedKind {
+    /// A text message, parsed; `Value::String(raw)` when it is not JSON.
+    Text(Value),
+    Binary(Vec<u8>),
+    /// A close frame: `(code, reason)` when it carried one.
+    Close(Option<(u16, String)>),
+}
+
+impl Received {
+    /// The `type` of a JSON text frame.
+    pub fn frame_type(&self) -> Option<&str> {
+        self.json()?.get("type")?.as_str()
+    }
+
+    /// The parsed text frame (a `Value::String` when it was not JSON).
+    pub fn json(&self) -> Option<&Value> {
+        match &self.kind {
+            ReceivedKind::Text(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// A short label for failure messages: `1:hello`, `2:<binary>`, `1:<close 1000>`.
+    fn label(&self) -> String {
+        let what = match &self.kind {
+            ReceivedKind::Text(Value::String(_)) => "<not json>".to_owned(),
+            ReceivedKind::Text(v) => v
+                .get("type")
+                .and_then(Value::as_str)
+                .map_or_else(|| "<no type>".to_owned(), str::to_owned),
+            ReceivedKind::Binary(_) => "<binary>".to_owned(),
+            ReceivedKind::Close(Some((code, _))) => format!("<close {code}>"),
+            ReceivedKind::Close(None) => "<close>".to_owned(),
+        };
+        format!("{}:{what}", self.conn)
+    }
+}
+
+/// One upgrade request, accepted or not.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The request path, without the query string.
+    pub path: String,
+    /// Header names lowercased; repeated headers joined with `", "`.
+    pub headers: BTreeMap<String, String>,
+    /// The HTTP status answered (101 when the upgrade was accepted).
+    pub status: u16,
+}
+
+/// The fake control plane. Not `Clone`: dropping it shuts it down.
+pub struct FakeCp {
+    inner: Arc<Inner>,
+    rt: tokio::runtime::Handle,
+    port: u16,
+    prefix: String,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    /// Served path: `<prefix without trailing slash>/api/autonomic/connect`.
+    path: String,
+}
+
+struct State {
+    mode: Mode,
+    heartbeat_interval_s: u64,
+    snapshot_interval_s: u64,
+    auto_heartbeat: bool,
+    accepted: usize,
+    requests: Vec<Request>,
+    frames: Vec<Received>,
+    conns: Vec<Conn>,
+    listener: Option<JoinHandle<()>>,
+    sockets: Vec<JoinHandle<()>>,
+}
+
+struct Conn {
+    id: usize,
+    open: bool,
+    tx: mpsc::UnboundedSender<Cmd>,
+}
+
+enum Cmd {
+    Send(Message, oneshot::Sender<Result<(), String>>),
+    Close(u16, String, oneshot::Sender<Result<(), String>>),
+    Drop(oneshot::Sender<()>),
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A test that panicked elsewhere must not turn every later call into a panic.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record(&self, conn: usize, kind: ReceivedKind) {
+        self.state().frames.push(Received {
+            conn,
+            at: Instant::now(),
+            kind,
+        });
+    }
+
+    fn mark_closed(&self, conn: usize) {
+        if let Some(c) = self.state().conns.iter_mut().find(|c| c.id == conn) {
+            c.open = false;
+        }
+    }
+}
+
+impl FakeCp {
+    /// Listens on `127.0.0.1:<free port>` and serves `/api/autonomic/connect`.
+    pub async fn start() -> FakeCp {
+        FakeCp::start_with_prefix("").await
+    }
+
+    /// Serves `<prefix>/api/autonomic/connect`; every other path gets 404. A trailing
+    /// slash on the prefix is not doubled in the served path, but [`url`](Self::url)
+    /// keeps it as given, so tests can hand the manager a base URL ending in `/`.
+    pub async fn start_with_prefix(prefix: &str) -> FakeCp {
+        let prefix = if prefix.is_empty() || prefix.starts_with('/') {
+            prefix.to_owned()
+        } else {
+            format!("/{prefix}")
+        };
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State {
+                mode: Mode::Accept,
+                heartbeat_interval_s: 15,
+                snapshot_interval_s: 300,
+                auto_heartbeat: true,
+                accepted: 0,
+                requests: Vec::new(),
+                frames: Vec::new(),
+                conns: Vec::new(),
+                listener: None,
+                sockets: Vec::new(),
+            }),
+            path: format!("{}{CONNECT_PATH}", prefix.trim_end_matches('/')),
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("fake control plane runtime");
+        let handle = rt.handle().clone();
+        let (shutdown, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("fake-cp".into())
+            .spawn(move || {
+                rt.block_on(async {
+                    let _ = stopped.await;
+                });
+                // Dropping the runtime drops every task: listener and sockets close.
+                drop(rt);
+            })
+            .expect("fake control plane thread");
+        let mut cp = FakeCp {
+            inner,
+            rt: handle,
+            port: 0,
+            prefix,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        };
+        cp.port = cp.listen(0).await;
+        cp
+    }
+
+    /// The base URL to give the manager (`AUTONOMIC_BASE_URL`).
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, self.prefix)
+    }
+
+    /// The port listened on; the same across [`stop`](Self::stop)/[`restart`](Self::restart).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// How the next upgrade requests are answered.
+    pub fn set_mode(&self, mode: Mode) {
+        self.inner.state().mode = mode;
+    }
+
+    /// The intervals the next `welcome` frames carry (defaults 15 and 300).
+    pub fn set_welcome(&self, heartbeat_interval_s: u64, snapshot_interval_s: u64) {
+        let mut s = self.inner.state();
+        s.heartbeat_interval_s = heartbeat_interval_s;
+        s.snapshot_interval_s = snapshot_interval_s;
+    }
+
+    /// Whether a `heartbeat` from the manager is answered with one (default true).
+    pub fn set_auto_heartbeat(&self, on: bool) {
+        self.inner.state().auto_heartbeat = on;
+    }
+
+    /// Upgrades accepted (101) so far.
+    pub fn accepted(&self) -> usize {
+        self.inner.state().accepted
+    }
+
+    /// Upgrade requests seen so far, accepted or not.
+    pub fn attempts(&self) -> usize {
+        self.inner.state().requests.len()
+    }
+
+    /// Every upgrade request, in arrival order, with the status answered.
+    pub fn requests(&self) -> Vec<Request> {
+        self.inner.state().requests.clone()
+    }
+
+    /// Every message received, all connections, in arrival order.
+    pub fn frames(&self) -> Vec<Received> {
+        self.inner.state().frames.clone()
+    }
+
+    /// Returns the first frame ever received (any connection, oldest first) for which
+    /// `pred` holds, polling until there is one. Filter on `conn` or `at` to wait for a
+    /// later one. Panics after [`FRAME_WAIT`] naming `what` and the frames seen.
+    pub async fn wait_frame(&self, what: &str, pred: impl Fn(&Received) -> bool) -> Received {
+        // Real time: a paused test clock must neither stall nor shorten the wait.
+        let deadline = Instant::now() + FRAME_WAIT;
+        loop {
+            if let Some(f) = self.inner.state().frames.iter().find(|f| pred(f)) {
+                return f.clone();
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "fake control plane: no frame for {what:?} within {FRAME_WAIT:?}; \
+                     frames seen (conn:type): [{}]; upgrades accepted {} of {}",
+                    summarize(&self.frames()),
+                    self.accepted(),
+                    self.attempts()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Sends a JSON text frame on the current connection; returns once it is written.
+    pub async fn send(&self, frame: Value) {
+        self.send_message(Message::text(frame.to_string())).await;
+    }
+
+    /// Sends arbitrary text (garbage, truncated JSON, …) on the current connection.
+    pub async fn send_raw(&self, text: &str) {
+        self.send_message(Message::text(text)).await;
+    }
+
+    /// Sends a binary message on the current connection.
+    pub async fn send_binary(&self, bytes: Vec<u8>) {
+        self.send_message(Message::binary(bytes)).await;
+    }
+
+    async fn send_message(&self, msg: Message) {
+        let (id, tx) = self.current("send");
+        let (ack, done) = oneshot::channel();
+        let _ = tx.send(Cmd::Send(msg, ack));
+        match done.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("fake control plane: send on connection {id} failed: {e}"),
+            Err(_) => panic!("fake control plane: connection {id} ended before the send"),
+        }
+    }
+
+    /// Closes the current connection with a close frame (e.g. 4000 `evicted by newer
+    /// connection`). The connection stops being current at once; the fake then waits
+    /// (up to 5 s, in the background) for the client's closing answer, which is recorded.
+    pub async fn close(&self, code: u16, reason: &str) {
+        let (id, tx) = self.current("close");
+        self.inner.mark_closed(id);
+        let (ack, done) = oneshot::channel();
+        let _ = tx.send(Cmd::Close(code, reason.to_owned(), ack));
+        match done.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("fake control plane: close of connection {id} failed: {e}"),
+            Err(_) => panic!("fake control plane: connection {id} ended before the close"),
+        }
+    }
+
+    /// Drops the current connection's TCP socket without a close frame.
+    pub async fn drop_connection(&self) {
+        let (id, tx) = self.current("drop");
+        self.inner.mark_closed(id);
+        let (ack, done) = oneshot::channel();
+        let _ = tx.send(Cmd::Drop(ack));
+        // An error means the task ended on its own meanwhile: dropped all the same.
+        let _ = done.await;
+    }
+
+    /// Stops listening and drops every connection, like a control plane going down.
+    /// Returns once the port is closed. A no-op when already stopped.
+    pub async fn stop(&self) {
+        let listener = self.inner.state().listener.take();
+        if let Some(task) = listener {
+            task.abort();
+            let _ = task.await;
+        }
+        let sockets = std::mem::take(&mut self.inner.state().sockets);
+        for task in sockets {
+            task.abort();
+            let _ = task.await;
+        }
+        let mut s = self.inner.state();
+        for c in &mut s.conns {
+            c.open = false;
+        }
+    }
+
+    /// Listens again on the same port (retrying for up to 10 s while it is taken).
+    /// A no-op when listening.
+    pub async fn restart(&self) {
+        if self.inner.state().listener.is_none() {
+            self.listen(self.port).await;
+        }
+    }
+
+    /// Whether a connection is open right now (one the fake has not closed or dropped
+    /// and whose client has not closed or gone away).
+    pub fn connected(&self) -> bool {
+        self.inner.state().conns.iter().any(|c| c.open)
+    }
+
+    /// The newest open connection.
+    fn current(&self, what: &str) -> (usize, mpsc::UnboundedSender<Cmd>) {
+        let s = self.inner.state();
+        s.conns
+            .iter()
+            .filter(|c| c.open)
+            .max_by_key(|c| c.id)
+            .map(|c| (c.id, c.tx.clone()))
+            .unwrap_or_else(|| {
+                panic!(
+                    "fake control plane: {what}: no open connection (accepted {}, frames seen: [{}])",
+                    s.accepted,
+                    summarize(&s.frames)
+                )
+            })
+    }
+
+    /// Binds `port` (0: any) on the fake's runtime and starts accepting; returns the port.
+    async fn listen(&self, port: u16) -> u16 {
+        let inner = self.inner.clone();
+        let (bound, on_bound) = oneshot::channel();
+        let task = self.rt.spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let listener = loop {
+                match bind(port) {
+                    Ok(l) => break l,
+                    Err(e) if port == 0 || Instant::now() >= deadline => {
+                        let _ = bound.send(Err(e));
+                        return;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            };
+            let _ = bound.send(listener.local_addr().map(|a| a.port()));
+            accept_loop(inner, listener).await;
+        });
+        let port = match on_bound.await {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => panic!("fake control plane: cannot listen on 127.0.0.1:{port}: {e}"),
+            Err(_) => panic!("fake control plane: listener task ended"),
+        };
+        self.inner.state().listener = Some(task);
+        port
+    }
+}
+
+impl Drop for FakeCp {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `1:hello, 1:snapshot, 1:delta×12, …`: consecutive repeats folded.
+fn summarize(frames: &[Received]) -> String {
+    let mut out: Vec<(String, usize)> = Vec::new();
+    for f in frames {
+        let l = f.label();
+        match out.last_mut() {
+            Some((last, n)) if *last == l => *n += 1,
+            _ => out.push((l, 1)),
+        }
+    }
+    out.into_iter()
+        .map(|(l, n)| if n > 1 { format!("{l}×{n}") } else { l })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Binds with SO_REUSEADDR so a restart is not refused while old sockets sit in TIME_WAIT.
+fn bind(port: u16) -> io::Result<TcpListener> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(SocketAddr::from(([127, 0, 0, 1], port)))?;
+    socket.listen(1024)
+}
+
+async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((tcp, _)) => {
+                let task = tokio::spawn(serve_socket(inner.clone(), tcp));
+                let mut s = inner.state();
+                s.sockets.retain(|t| !t.is_finished());
+                s.sockets.push(task);
+            }
+            // E.g. too many open files: do not spin.
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+/// What the request head said.
+struct Head {
+    raw: Vec<u8>,
+    method: String,
+    path: String,
+    version: String,
+    headers: BTreeMap<String, String>,
+}
+
+/// Reads the request head (up to the blank line). None: the client sent no complete
+/// head within 10 s, or too big a one, or went away.
+async fn read_head(tcp: &mut TcpStream) -> Option<Head> {
+    let mut raw = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 2048];
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(i) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                return Some(i);
+            }
+            if raw.len() > 64 * 1024 {
+                return None;
+            }
+            match tcp.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => raw.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await
+    .ok()??;
+    let text = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let mut lines = text.split("\r\n");
+    let mut first = lines.next().unwrap_or("").split_whitespace();
+    let method = first.next().unwrap_or("").to_owned();
+    let target = first.next().unwrap_or("");
+    let version = first.next().unwrap_or("").to_owned();
+    // Absolute form (`http://host/path`) as a proxy would send it.
+    let target = match target.split_once("://") {
+        Some((_, rest)) => rest.find('/').map_or("/", |i| &rest[i..]),
+        None => target,
+    };
+    let path = target.split(['?', '#']).next().unwrap_or("").to_owned();
+    let mut headers: BTreeMap<String, String> = BTreeMap::new();
+    for line in lines {
+        if let Some((name, value)) = line.split_once(':') {
+            let name = name.trim().to_ascii_lowercase();
+            let value = value.trim();
+            headers
+                .entry(name)
+                .and_modify(|v| {
+                    v.push_str(", ");
+                    v.push_str(value);
+                })
+                .or_insert_with(|| value.to_owned());
+        }
+    }
+    Some(Head {
+        raw,
+        method,
+        path,
+        version,
+        headers,
+    })
+}
+
+fn has_token(headers: &BTreeMap<String, String>, name: &str, token: &str) -> bool {
+    headers
+        .get(name)
+        .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+}
+
+fn is_upgrade(head: &Head) -> bool {
+    head.method == "GET"
+        && head.version == "HTTP/1.1"
+        && has_token(&head.headers, "upgrade", "websocket")
+        && has_token(&head.headers, "connection", "upgrade")
+        && head
+            .headers
+            .get("sec-websocket-version")
+            .map(String::as_str)
+            == Some("13")
+        && head.headers.contains_key("sec-websocket-key")
+}
+
+fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        408 => "Request Timeout",
+        426 => "Upgrade Required",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Fake Control Plane Says No",
+    }
+}
+
+async fn serve_socket(inner: Arc<Inner>, mut tcp: TcpStream) {
+    let Some(head) = read_head(&mut tcp).await else {
+        return;
+    };
+    let (mode, index, status) = {
+        let mut s = inner.state();
+        let mode = s.mode;
+        let status = if head.path != inner.path {
+            404
+        } else if !is_upgrade(&head) {
+            400
+        } else {
+            match mode {
+                Mode::Reject(code) => code,
+                Mode::Accept | Mode::Silent => 101,
+            }
+        };
+        s.requests.push(Request {
+            path: head.path.clone(),
+            headers: head.headers.clone(),
+            status,
+        });
+        (mode, s.requests.len() - 1, status)
+    };
+    if status != 101 {
+        let body = format!("{status} {}\n", reason_phrase(status));
+        let extra = if status == 401 {
+            "www-authenticate: Bearer\r\n"
+        } else {
+            ""
+        };
+        let response = format!(
+            "HTTP/1.1 {status} {}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
+             {extra}connection: close\r\n\r\n{body}",
+            reason_phrase(status),
+            body.len()
+        );
+        let _ = tcp.write_all(response.as_bytes()).await;
+        let _ = tcp.shutdown().await;
+        return;
+    }
+
+    let offered = has_token(&head.headers, "sec-websocket-protocol", SUBPROTOCOL);
+    let wire = Wire {
+        tcp,
+        replay: head.raw,
+        pos: 0,
+        muted: false,
+    };
+    // The connection is counted and becomes current before the 101 is written, so a
+    // client that has its answer can rely on accepted() and send().
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut registered = None;
+    // The closure's type (and its large error type) is tungstenite's `Callback`.
+    #[allow(clippy::result_large_err)]
+    let callback = |_: &WsRequest, mut response: Response| {
+        if offered {
+            response.headers_mut().insert(
+                "sec-websocket-protocol",
+                HeaderValue::from_static(SUBPROTOCOL),
+            );
+        }
+        let mut s = inner.state();
+        s.accepted += 1;
+        let id = s.accepted;
+        s.conns.retain(|c| c.open);
+        s.conns.push(Conn { id, open: true, tx });
+        registered = Some(id);
+        Ok(response)
+    };
+    let handshake = tokio_tungstenite::accept_hdr_async(wire, callback).await;
+    let Some(id) = registered else {
+        // Validated above, so only I/O gets here: the client went away.
+        inner.state().requests[index].status = 400;
+        return;
+    };
+    let _guard = ConnGuard {
+        inner: inner.clone(),
+        id,
+    };
+    let Ok(mut ws) = handshake else {
+        return;
+    };
+    let silent = mode == Mode::Silent;
+    ws.get_mut().muted = silent;
+
+    loop {
+        tokio::select! {
+            cmd = rx.recv() => match cmd {
+                None => break,
+                Some(Cmd::Send(msg, ack)) => {
+                    let r = ws.send(msg).await.map_err(|e| e.to_string());
+                    let failed = r.is_err();
+                    let _ = ack.send(r);
+                    if failed {
+                        break;
+                    }
+                }
+                Some(Cmd::Close(code, reason, ack)) => {
+                    let frame = CloseFrame { code: code.into(), reason: reason.into() };
+                    let r = ws.close(Some(frame)).await.map_err(|e| e.to_string());
+                    let _ = ack.send(r);
+                    // Wait for the client's closing answer, recording it, then hang up.
+                    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                        while let Some(Ok(msg)) = ws.next().await {
+                            record_message(&inner, id, msg);
+                        }
+                    })
+                    .await;
+                    break;
+                }
+                Some(Cmd::Drop(ack)) => {
+                    drop(ws);
+                    let _ = ack.send(());
+                    return;
+                }
+            },
+            msg = ws.next() => {
+                let Some(Ok(msg)) = msg else { break };
+                if let Some(reply) = record_message(&inner, id, msg) {
+                    if silent {
+                        continue;
+                    }
+                    if ws.send(Message::text(reply.to_string())).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Marks the connection closed however its task ends (returns, or is aborted by stop()).
+struct ConnGuard {
+    inner: Arc<Inner>,
+    id: usize,
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.inner.mark_closed(self.id);
+    }
+}
+
+/// Records a received message; returns the frame the protocol answers it with, if any.
+fn record_message(inner: &Inner, id: usize, msg: Message) -> Option<Value> {
+    match msg {
+        Message::Text(text) => {
+            let value = serde_json::from_str::<Value>(text.as_str())
+                .unwrap_or_else(|_| Value::String(text.as_str().to_owned()));
+            let kind = value.get("type").and_then(Value::as_str).map(str::to_owned);
+            inner.record(id, ReceivedKind::Text(value));
+            let s = inner.state();
+            match kind.as_deref() {
+                Some("hello") => Some(json!({
+                    "type": "welcome",
+                    "deployment_id": "dep-test",
+                    "heartbeat_interval_s": s.heartbeat_interval_s,
+                    "snapshot_interval_s": s.snapshot_interval_s,
+                })),
+                Some("heartbeat") if s.auto_heartbeat => Some(json!({
+                    "type": "heartbeat",
+                    "sent_at": rfc3339(SystemTime::now()),
+                })),
+                _ => None,
+            }
+        }
+        Message::Binary(bytes) => {
+            inner.record(id, ReceivedKind::Binary(bytes.to_vec()));
+            None
+        }
+        Message::Close(frame) => {
+            let frame = frame.map(|f| (u16::from(f.code), f.reason.as_str().to_owned()));
+            inner.record(id, ReceivedKind::Close(frame));
+            inner.mark_closed(id);
+            None
+        }
+        Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => None,
+    }
+}
+
+/// RFC 3339 in UTC with milliseconds, e.g. `2026-12-01T10:00:00.000Z`.
+pub fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (y, m, day) = civil_from_days((secs / 86_400) as i64);
+    let sod = secs % 86_400;
+    format!(
+        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        sod / 3600,
+        sod / 60 % 60,
+        sod % 60,
+        d.subsec_millis()
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar
+/// (H. Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month as u32, day as u32)
+}
+
+/// The socket under a connection: replays the request head already read (so
+/// tungstenite can run its handshake), and in Silent mode swallows every write.
+struct Wire {
+    tcp: TcpStream,
+    replay: Vec<u8>,
+    pos: usize,
+    muted: bool,
+}
+
+impl AsyncRead for Wire {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.pos < this.replay.len() {
+            let n = buf.remaining().min(this.replay.len() - this.pos);
+            buf.put_slice(&this.replay[this.pos..this.pos + n]);
+            this.pos += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Wire {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.muted {
+            return Poll::Ready(Ok(buf.len()));
+        }
+        Pin::new(&mut this.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.muted {
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.muted {
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.tcp).poll_shutdown(cx)
+    }
+}
