@@ -589,3 +589,88 @@ async fn control_plane_restart_and_sigterm() {
         assert_eq!(reason, "shutdown");
     }
 }
+
+#[tokio::test]
+async fn legacy_http_transport_reports_and_takes_control() {
+    use support::fake_http::FakeReport;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "cp-http").await;
+    let cp = FakeReport::start().await;
+    let env = [
+        ("AUTONOMIC_MANAGED", "true"),
+        ("AUTONOMIC_TRANSPORT", "http"),
+        ("AUTONOMIC_BASE_URL", cp.url.as_str()),
+        ("AUTONOMIC_AUTH_TOKEN", TOKEN),
+        ("AUTONOMIC_BACKOFF_INITIAL_MS", "100"),
+        ("AUTONOMIC_BACKOFF_MAX_MS", "400"),
+    ];
+    let m = Manager::start(&ns.name, &env);
+    // hello first, then the snapshot, in one post.
+    cp.wait_frame("hello", |f| f["type"] == "hello").await;
+    let first = cp.posts()[0].clone();
+    assert_eq!(first.path, "/api/autonomic/report");
+    assert_eq!(first.authorization, format!("Bearer {TOKEN}"));
+    assert_eq!(first.frames[0]["type"], "hello");
+    assert_eq!(
+        (
+            first.frames[1]["type"].as_str(),
+            first.frames[1]["seq"].as_u64()
+        ),
+        (Some("snapshot"), Some(1))
+    );
+    m.wait_ready().await;
+
+    // A change leaves as a delta in a later post.
+    let agents: Api<Agent> = ns.api();
+    create(&agents, "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: h}\nspec: {runtime: {image: 'img:1'}}").await;
+    cp.wait_frame("delta with the Agent", |f| {
+        f["type"] == "delta"
+            && f["changes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["resource"]["name"] == "h")
+    })
+    .await;
+    // Heartbeats at least every heartbeat interval (2 s here) when nothing changes.
+    cp.wait_frame("heartbeat", |f| f["type"] == "heartbeat")
+        .await;
+
+    // Control frames come back in the answer; the result and audit go out in the next post.
+    cp.queue(json!({"type": "control", "id": "h1", "action": "pause", "actor": "bob", "target": {"kind": "Agent", "namespace": ns.name, "name": "h"}}));
+    let r = cp
+        .wait_frame("control_result", |f| {
+            f["type"] == "control_result" && f["id"] == "h1"
+        })
+        .await;
+    assert_eq!(r["ok"], true);
+    wait_for(&agents, "h", "paused", |a| a.spec.paused).await;
+    cp.wait_frame("audit", |f| {
+        f["type"] == "audit" && f["event"]["action"] == "control.done"
+    })
+    .await;
+    cp.queue(json!({"type": "resync"}));
+    let seq_before = cp
+        .frames()
+        .iter()
+        .filter_map(|f| f["seq"].as_u64())
+        .max()
+        .unwrap();
+    cp.wait_frame("resync snapshot", |f| {
+        f["type"] == "snapshot" && f["seq"].as_u64() > Some(seq_before)
+    })
+    .await;
+    // No shell over HTTP.
+    cp.queue(json!({"type": "io_open", "channel": 1, "session_id": "s", "actor": "bob", "target": {"namespace": ns.name, "agent": "h"}, "cols": 80, "rows": 24}));
+    cp.wait_frame("io_close denied", |f| {
+        f["type"] == "io_close" && f["reason"] == "denied"
+    })
+    .await;
+
+    // A rejected token backs off and says so.
+    cp.set_status(401);
+    let mut m = m;
+    let line = m.wait_log("token rejected", Duration::from_secs(30));
+    assert!(line.contains(&TOKEN[..6]));
+    assert_no_token(&m);
+}

@@ -6,6 +6,7 @@
 pub mod backoff;
 pub mod control;
 pub mod frame;
+pub mod http;
 pub mod session;
 pub mod socket;
 pub mod wire;
@@ -122,6 +123,10 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
         Ok(v) => v.git_version,
         Err(_) => String::new(),
     };
+    if config.transport == crate::config::Transport::Http {
+        let hello = hello(&ctx, &boot_id, &kubernetes_version);
+        return http::run(ctx, hello, shutdown, reconnect).await;
+    }
     let url = config.base_url.endpoint(true, "connect");
     loop {
         if *shutdown.borrow() {

@@ -70,7 +70,7 @@ fn proxy_authority(proxy: &str) -> Result<String, String> {
     Ok(url.authority())
 }
 
-async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
+pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
     let target = config.base_url.authority();
     let proxy = config
         .https_proxy

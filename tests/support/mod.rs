@@ -2,6 +2,8 @@
 //! project's scripts started (`KUBECONFIG`), a namespace per test, and the manager
 //! binary itself run as a child process scoped to that namespace.
 #![allow(dead_code)]
+pub mod fake_cp;
+pub mod fake_http;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
