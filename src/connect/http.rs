@@ -23,6 +23,9 @@ use crate::connect::frame::{
 };
 use crate::reconcile::Context;
 
+/// A control plane that accepts and never answers must not stall reporting.
+const POST_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Largest answer read; anything bigger is a misbehaving peer.
 const MAX_ANSWER: usize = 16 << 20;
 
@@ -301,7 +304,10 @@ pub async fn run(
                 format!("cannot read the deployment token: {e}"),
                 Retry::Normal,
             )),
-            Ok(token) => match post(&ctx, &token, &body).await {
+            Ok(token) => match tokio::time::timeout(POST_TIMEOUT, post(&ctx, &token, &body))
+                .await
+                .unwrap_or_else(|_| Err(DialError::Handshake("no answer within 30 s".into())))
+            {
                 Ok((200, answer)) => {
                     match serde_json::from_slice::<Vec<serde_json::Value>>(&answer) {
                         Ok(values) => {

@@ -119,6 +119,13 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
         tracing::error!("invalid backoff configuration: managed mode disabled");
         return;
     };
+    // The first snapshot must hold everything: wait for the watches' initial lists.
+    while !ctx.synced.is_synced() {
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
     let kubernetes_version = match ctx.client.apiserver_version().await {
         Ok(v) => v.git_version,
         Err(_) => String::new(),

@@ -161,12 +161,7 @@ impl Conn<'_> {
                     Err(why) => (false, Some(why.clone())),
                 };
                 tracing::info!(id = %c.id, action = ?c.action, kind = %c.target.kind, namespace = %c.target.namespace, name = %c.target.name, ok, "control");
-                self.send(&Frame::ControlResult(ControlResult {
-                    id: c.id.clone(),
-                    ok,
-                    error: error.clone(),
-                }))
-                .await?;
+                // Audited before answering: a failed send must not lose the record.
                 self.link().audit.record(AuditEvent {
                     id: uuid_v4(),
                     time: now_rfc3339(),
@@ -186,10 +181,16 @@ impl Conn<'_> {
                     },
                     detail: AuditDetail {
                         command: Some(vec![format!("{:?}", c.action).to_lowercase()]),
-                        reason: outcome.err().or(outcome_detail(&ok)),
+                        reason: outcome.err(),
                         ..Default::default()
                     },
                 });
+                self.send(&Frame::ControlResult(ControlResult {
+                    id: c.id.clone(),
+                    ok,
+                    error: error.clone(),
+                }))
+                .await?;
                 Ok(())
             }
             Frame::IoOpen(o) => {
@@ -268,10 +269,6 @@ impl Conn<'_> {
     }
 }
 
-fn outcome_detail(ok: &bool) -> Option<String> {
-    (!ok).then(|| "failed".to_owned())
-}
-
 /// Waits for `welcome`, answering malformed frames meanwhile.
 async fn await_welcome(conn: &mut Conn<'_>) -> Result<frame::Welcome, End> {
     loop {
@@ -294,6 +291,12 @@ fn closed(f: Option<CloseFrame>) -> End {
         Some(f) => End::Closed(u16::from(f.code), f.reason.to_string()),
         None => End::Closed(1005, String::new()),
     }
+}
+
+/// §4.5: nothing at all from the control plane for 3 heartbeat intervals means the
+/// connection is dead.
+pub fn silent_too_long(last_rx: Instant, now: Instant, heartbeat: Duration) -> bool {
+    now.saturating_duration_since(last_rx) >= heartbeat.saturating_mul(3)
 }
 
 /// Runs one connected session until it ends.
@@ -381,7 +384,7 @@ async fn drive(
             }
             _ = link.audit.notify.notified() => conn.flush_audit().await?,
             _ = heartbeat_tick.tick() => {
-                if last_rx.elapsed() >= heartbeat * 3 {
+                if silent_too_long(last_rx, Instant::now(), heartbeat) {
                     tracing::warn!(silent_s = last_rx.elapsed().as_secs(), "nothing from the control plane for 3 heartbeat intervals: reconnecting");
                     return Err(End::Dead);
                 }
@@ -389,5 +392,27 @@ async fn drive(
             }
             _ = snapshot_tick.tick() => conn.snapshot().await?,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn dead_after_three_silent_heartbeat_intervals() {
+        let heartbeat = Duration::from_secs(15);
+        let last_rx = Instant::now();
+        let mut tick = tokio::time::interval_at(last_rx + heartbeat, heartbeat);
+        // Ticks at 15 s and 30 s: still alive; at 45 s: dead.
+        for alive in [true, true, false] {
+            tick.tick().await;
+            assert_eq!(silent_too_long(last_rx, Instant::now(), heartbeat), !alive);
+        }
+        assert_eq!(Instant::now() - last_rx, Duration::from_secs(45));
+        // Anything received resets the clock.
+        assert!(!silent_too_long(Instant::now(), Instant::now(), heartbeat));
+        // A huge interval from the peer cannot overflow.
+        assert!(!silent_too_long(last_rx, Instant::now(), Duration::MAX));
     }
 }

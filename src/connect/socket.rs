@@ -15,6 +15,10 @@ use crate::connect::frame::{MAX_FRAME_BYTES, SUBPROTOCOL};
 
 pub type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
+/// A peer that accepts and never answers must not hold the connector: each step of a
+/// dial (TCP and proxy, then TLS and upgrade) gets this long.
+pub const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Why a dial failed; each is one log line.
 #[derive(Debug, thiserror::Error)]
 pub enum DialError {
@@ -175,19 +179,28 @@ pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
     } else {
         Connector::Plain
     };
-    let stream = tcp(config).await?;
+    let stream = tokio::time::timeout(DIAL_TIMEOUT, tcp(config))
+        .await
+        .map_err(|_| DialError::Connect {
+            target: config.base_url.authority(),
+            reason: "timed out".into(),
+        })??;
     // Twice the largest frame we accept: a snapshot may be big, a peer may not be huge.
     let ws_config = WebSocketConfig::default()
         .max_message_size(Some(MAX_FRAME_BYTES * 64))
         .max_frame_size(Some(MAX_FRAME_BYTES * 64));
-    match tokio_tungstenite::client_async_tls_with_config(
+    let handshake = tokio_tungstenite::client_async_tls_with_config(
         request,
         stream,
         Some(ws_config),
         Some(connector),
-    )
-    .await
-    {
+    );
+    let Ok(result) = tokio::time::timeout(DIAL_TIMEOUT, handshake).await else {
+        return Err(DialError::Handshake(
+            "no answer to the upgrade request within 30 s".into(),
+        ));
+    };
+    match result {
         Ok((socket, _)) => Ok(socket),
         Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
             let status = resp.status().as_u16();
