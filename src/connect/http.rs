@@ -278,7 +278,8 @@ pub async fn run(
         } else if let Some(d) = r.delta(&ctx) {
             frames.push(d);
         }
-        frames.append(&mut r.outbox);
+        let answers = std::mem::take(&mut r.outbox);
+        frames.extend(answers.iter().cloned());
         let audits = link.audit.drain();
         frames.extend(
             audits
@@ -356,7 +357,9 @@ pub async fn run(
             }
             Err((why, retry)) => {
                 tracing::warn!(error = %why, "report to the control plane failed");
-                // Not delivered: the audits go back; the next good post starts over with hello.
+                // Not delivered: answers and audits go back; the next good post starts over
+                // with hello and a snapshot, then carries them.
+                r.outbox.splice(0..0, answers);
                 link.audit.requeue(audits);
                 link.connected.store(false, Relaxed);
                 r.welcomed = false;
