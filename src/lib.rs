@@ -50,9 +50,14 @@ impl Error {
 /// Runs the manager until `shutdown` completes or a critical task ends.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     let config = Arc::new(config);
-    let client = kube::Client::try_default()
+    let mut kube_config = kube::Config::infer()
         .await
         .map_err(|e| Error::KubeConfig(e.to_string()))?;
+    // HTTPS_PROXY is the control plane's egress (PROTOCOL.md §1), not the API server's:
+    // kube's kubeconfig loader would apply it to the API server too (in-cluster it does not).
+    kube_config.proxy_url = None;
+    let client =
+        kube::Client::try_from(kube_config).map_err(|e| Error::KubeConfig(e.to_string()))?;
     let metrics = Arc::new(metrics::Metrics::default());
     let ctx = reconcile::Context::new(client, config.clone(), metrics);
 

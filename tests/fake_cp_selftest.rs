@@ -427,3 +427,82 @@ async fn answers_while_the_test_thread_blocks() {
     assert_eq!(w["type"], "welcome");
     assert_eq!(cp.accepted(), 1);
 }
+
+/// A rustls client config trusting only `ca` (no roots at all without it).
+fn tls_client(ca: Option<&std::path::Path>) -> tokio_tungstenite::Connector {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(ca) = ca {
+        for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+            roots.add(cert.unwrap()).unwrap();
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tokio_tungstenite::Connector::Rustls(std::sync::Arc::new(config))
+}
+
+/// Dials `wss://<host>:<port>/api/autonomic/connect` with `connector`.
+async fn dial_tls(
+    host: &str,
+    cp: &FakeCp,
+    connector: tokio_tungstenite::Connector,
+) -> Result<Client, Error> {
+    let url = format!("wss://{host}:{}/api/autonomic/connect", cp.port());
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("sec-websocket-protocol", "autonomic.v1".parse().unwrap());
+    tokio_tungstenite::connect_async_tls_with_config(req, None, false, Some(connector))
+        .await
+        .map(|(ws, _)| ws)
+}
+
+#[tokio::test]
+async fn tls_mode_serves_wss_to_clients_that_trust_the_ca() {
+    let (ca, cert, key) = support::pki::test_pki();
+    let cp = FakeCp::start_tls(&cert, &key).await;
+    assert_eq!(cp.url(), format!("https://127.0.0.1:{}", cp.port()));
+
+    // A client that does not trust the CA fails the handshake; nothing is accepted.
+    let err = dial_tls("127.0.0.1", &cp, tls_client(None))
+        .await
+        .expect_err("an untrusted certificate is refused");
+    assert!(err.to_string().contains("certificate"), "{err}");
+    // Plain ws to the TLS port gets no upgrade either.
+    assert!(
+        dial_path(
+            &cp.url().replacen("https://", "http://", 1),
+            "/api/autonomic/connect"
+        )
+        .await
+        .is_err()
+    );
+    for _ in 0..100 {
+        if cp.tls_failures() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!((cp.tls_failures(), cp.accepted(), cp.attempts()), (2, 0, 0));
+
+    // Trusting the CA: the IP SAN and the DNS SAN both verify, and the protocol runs.
+    for (n, host) in [(1, "127.0.0.1"), (2, "localhost")] {
+        let mut ws = dial_tls(host, &cp, tls_client(Some(&ca)))
+            .await
+            .unwrap_or_else(|e| panic!("wss to {host}: {e}"));
+        send_json(&mut ws, hello()).await;
+        assert_eq!(next_json(&mut ws).await["type"], "welcome");
+        let f = cp
+            .wait_frame("hello over wss", |f| {
+                f.conn == n && f.frame_type() == Some("hello")
+            })
+            .await;
+        assert_eq!(f.json().unwrap()["cluster_id"], "ns/host");
+        assert_eq!(cp.accepted(), n);
+    }
+}

@@ -649,15 +649,58 @@ async fn legacy_http_transport_reports_and_takes_control() {
         f["type"] == "audit" && f["event"]["action"] == "control.done"
     })
     .await;
-    cp.queue(json!({"type": "resync"}));
-    let seq_before = cp
-        .frames()
+    // The link dies right after a control: its result and audit event are kept and
+    // arrive after the next hello and snapshot.
+    cp.fail_after_control(true);
+    cp.queue(json!({"type": "control", "id": "h2", "action": "resume", "actor": "carol", "target": {"kind": "Agent", "namespace": ns.name, "name": "h"}}));
+    wait_for(&agents, "h", "resumed", |a| !a.spec.paused).await;
+    let after = cp
+        .wait_frame("control_result h2", |f| {
+            f["type"] == "control_result" && f["id"] == "h2"
+        })
+        .await;
+    assert_eq!(after["ok"], true);
+    let carries = |p: &support::fake_http::Post| p.frames.iter().any(|f| f["id"] == "h2");
+    wait_until("the result sent again after the failed post", || async {
+        cp.posts().iter().filter(|p| carries(p)).count() >= 2
+    })
+    .await;
+    let posts = cp.posts();
+    let carrying = |p: &support::fake_http::Post| p.frames.iter().any(|f| f["id"] == "h2");
+    let failed = posts.iter().position(carrying).unwrap();
+    let at = posts.iter().rposition(carrying).unwrap();
+    assert!(
+        at > failed,
+        "the post carrying the result failed; a later one carries it again"
+    );
+    let types: Vec<_> = posts[at]
+        .frames
         .iter()
-        .filter_map(|f| f["seq"].as_u64())
-        .max()
-        .unwrap();
-    cp.wait_frame("resync snapshot", |f| {
-        f["type"] == "snapshot" && f["seq"].as_u64() > Some(seq_before)
+        .map(|f| f["type"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        &types[..2],
+        ["hello", "snapshot"],
+        "delivered after a new hello: {types:?}"
+    );
+    assert!(
+        posts[at]
+            .frames
+            .iter()
+            .any(|f| f["type"] == "audit" && f["event"]["actor"] == "carol"),
+        "{types:?}"
+    );
+    // seq restarts at 1 after a new hello, so count snapshots rather than compare seqs.
+    let snapshots = || {
+        cp.frames()
+            .iter()
+            .filter(|f| f["type"] == "snapshot")
+            .count()
+    };
+    let before = snapshots();
+    cp.queue(json!({"type": "resync"}));
+    wait_until("a snapshot answering resync", || async {
+        snapshots() > before
     })
     .await;
     // No shell over HTTP.
@@ -667,10 +710,268 @@ async fn legacy_http_transport_reports_and_takes_control() {
     })
     .await;
 
-    // A rejected token backs off and says so.
+    // A rejected token backs off and says so. (Waited for without blocking the thread:
+    // the fake answers on this test's runtime.)
     cp.set_status(401);
-    let mut m = m;
-    let line = m.wait_log("token rejected", Duration::from_secs(30));
-    assert!(line.contains(&TOKEN[..6]));
+    wait_until("token rejected in the log", || async {
+        m.logs().contains("token rejected")
+    })
+    .await;
+    let line = m
+        .logs()
+        .lines()
+        .find(|l| l.contains("token rejected"))
+        .unwrap()
+        .to_owned();
+    assert!(line.contains(&TOKEN[..6]), "{line}");
+    assert_no_token(&m);
+}
+
+#[tokio::test]
+async fn private_ca_is_trusted_only_when_configured() {
+    let client = client().await;
+    let (ca_file, cert, key) = pki::test_pki();
+    let cp = FakeCp::start_tls(&cert, &key).await;
+    assert!(cp.url().starts_with("https://127.0.0.1:"), "{}", cp.url());
+
+    // Without AUTONOMIC_CA_FILE only the public roots are trusted: the handshake fails,
+    // the cause is one line naming TLS and the certificate, and the manager retries.
+    let ns = TestNamespace::new(&client, "cp-ca-none").await;
+    let mut m = start(&ns.name, &managed_env(&cp));
+    let line = m.wait_log(
+        "connection to the control plane failed",
+        Duration::from_secs(30),
+    );
+    assert!(
+        line.contains("TLS") && line.contains("certificate"),
+        "the failure should name TLS and the certificate: {line}"
+    );
+    wait_until("retried TLS handshakes", || async {
+        cp.tls_failures() >= 2
+    })
+    .await;
+    assert_eq!(cp.accepted(), 0, "no WebSocket without trusting the CA");
+    assert_eq!(m.metric("autonomic_connected").await, 0.0);
+    assert_no_token(&m);
+    drop(m);
+
+    // A CA file holding no certificate: a clear line, retried, no crash.
+    let ns = TestNamespace::new(&client, "cp-ca-empty").await;
+    let empty = log_dir().join(format!("{}-no-cert.pem", ns.name));
+    std::fs::write(&empty, "this file holds no certificate\n").unwrap();
+    let mut env = managed_env(&cp);
+    env.push(("AUTONOMIC_CA_FILE", empty.display().to_string()));
+    let mut m = start(&ns.name, &env);
+    let line = m.wait_log("AUTONOMIC_CA_FILE", Duration::from_secs(30));
+    assert!(
+        line.contains("no PEM certificates") && line.contains(&empty.display().to_string()),
+        "the failure should name the file and say it holds no certificate: {line}"
+    );
+    m.wait_log("reconnecting after a delay", Duration::from_secs(10));
+    wait_until("several attempts with the bad CA file", || async {
+        m.logs().matches("no PEM certificates").count() >= 3
+    })
+    .await;
+    assert_eq!(m.metric("autonomic_connected").await, 0.0, "still serving");
+    assert_eq!(cp.accepted(), 0);
+    assert_no_token(&m);
+    drop(m);
+
+    // With the CA: hello and snapshot arrive over wss.
+    let ns = TestNamespace::new(&client, "cp-ca").await;
+    let mut env = managed_env(&cp);
+    env.push(("AUTONOMIC_CA_FILE", ca_file.display().to_string()));
+    let mut m = start(&ns.name, &env);
+    let hello = json_of(&cp.wait_frame("hello over wss", is("hello")).await);
+    assert_eq!(hello["cluster_id"], "test-cluster");
+    let snap = json_of(&cp.wait_frame("snapshot over wss", is("snapshot")).await);
+    assert_eq!(snap["seq"], 1);
+    assert_eq!(cp.accepted(), 1);
+    let req = cp.requests().into_iter().next().unwrap();
+    assert_eq!(req.status, 101);
+    assert_eq!(req.headers["authorization"], format!("Bearer {TOKEN}"));
+    let line = m.wait_log("connected to the control plane", Duration::from_secs(10));
+    assert!(line.contains("wss://127.0.0.1:"), "{line}");
+    m.wait_ready().await;
+    assert_eq!(m.metric("autonomic_connected").await, 1.0);
+    assert_no_token(&m);
+}
+
+/// A minimal HTTP `CONNECT` proxy on `127.0.0.1`, on a thread and runtime of its own (the
+/// test thread blocks in `Manager::wait_log`). It records each request line's method and
+/// target (`CONNECT 127.0.0.1:1234`), then either tunnels or refuses with `refuse`.
+struct ConnectProxy {
+    port: u16,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ConnectProxy {
+    fn start(refuse: Option<u16>) -> ConnectProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let record = seen.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let serve = async {
+                    while let Ok((mut client, _)) = listener.accept().await {
+                        let record = record.clone();
+                        tokio::spawn(async move {
+                            let mut head = Vec::new();
+                            let mut buf = [0u8; 1024];
+                            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                                match client.read(&mut buf).await {
+                                    Ok(0) | Err(_) => return,
+                                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                                }
+                            }
+                            let text = String::from_utf8_lossy(&head).into_owned();
+                            let first: Vec<&str> =
+                                text.lines().next().unwrap_or("").split(' ').collect();
+                            let (method, target) = (first[0], first.get(1).copied());
+                            record
+                                .lock()
+                                .unwrap()
+                                .push(format!("{method} {}", target.unwrap_or("")));
+                            let upstream = match (refuse, method, target) {
+                                (None, "CONNECT", Some(t)) => {
+                                    tokio::net::TcpStream::connect(t).await.ok()
+                                }
+                                _ => None,
+                            };
+                            let Some(mut upstream) = upstream else {
+                                let status = refuse.unwrap_or(502);
+                                let answer = format!(
+                                    "HTTP/1.1 {status} Refused\r\ncontent-length: 0\r\n\
+                                     connection: close\r\n\r\n"
+                                );
+                                let _ = client.write_all(answer.as_bytes()).await;
+                                let _ = client.shutdown().await;
+                                return;
+                            };
+                            let _ = client
+                                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                                .await;
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                        });
+                    }
+                };
+                tokio::select! {
+                    _ = stopped => {}
+                    _ = serve => {}
+                }
+            });
+            // Dropping the runtime ends every tunnel.
+            drop(rt);
+        });
+        ConnectProxy {
+            port,
+            seen,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for ConnectProxy {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[tokio::test]
+async fn connects_through_an_http_connect_proxy() {
+    let client = client().await;
+
+    // HTTPS_PROXY: the socket is tunnelled with CONNECT to the control plane.
+    let cp = FakeCp::start().await;
+    let proxy = ConnectProxy::start(None);
+    let ns = TestNamespace::new(&client, "cp-proxy").await;
+    let mut env = managed_env(&cp);
+    env.push(("HTTPS_PROXY", proxy.url()));
+    let m = start(&ns.name, &env);
+    cp.wait_frame("snapshot through the proxy", is("snapshot"))
+        .await;
+    assert_eq!(proxy.seen(), [format!("CONNECT 127.0.0.1:{}", cp.port())]);
+    assert_eq!(cp.requests()[0].path, "/api/autonomic/connect");
+    assert_eq!(m.metric("autonomic_connected").await, 1.0);
+    assert_no_token(&m);
+    drop(m);
+
+    // wss through the same kind of tunnel: TLS runs end to end, inside the CONNECT.
+    let (ca_file, cert, key) = pki::test_pki();
+    let tls_cp = FakeCp::start_tls(&cert, &key).await;
+    let ns = TestNamespace::new(&client, "cp-proxy-tls").await;
+    let mut env = managed_env(&tls_cp);
+    env.push(("HTTPS_PROXY", proxy.url()));
+    env.push(("AUTONOMIC_CA_FILE", ca_file.display().to_string()));
+    let m = start(&ns.name, &env);
+    tls_cp
+        .wait_frame("snapshot over wss through the proxy", is("snapshot"))
+        .await;
+    assert_eq!(
+        proxy.seen().last().unwrap(),
+        &format!("CONNECT 127.0.0.1:{}", tls_cp.port())
+    );
+    assert_no_token(&m);
+    drop(m);
+    drop(tls_cp);
+
+    // A proxy that refuses: one line naming the proxy and its answer, retried, no crash.
+    let cp = FakeCp::start().await;
+    let refusing = ConnectProxy::start(Some(403));
+    let ns = TestNamespace::new(&client, "cp-proxy-403").await;
+    let mut env = managed_env(&cp);
+    env.push(("HTTPS_PROXY", refusing.url()));
+    let mut m = start(&ns.name, &env);
+    let line = m.wait_log(
+        "connection to the control plane failed",
+        Duration::from_secs(30),
+    );
+    assert!(
+        line.contains("proxy") && line.contains("403"),
+        "the failure should name the proxy and its answer: {line}"
+    );
+    wait_until("retries through the refusing proxy", || async {
+        refusing.seen().len() >= 3
+    })
+    .await;
+    assert_eq!(m.metric("autonomic_connected").await, 0.0, "still serving");
+    assert_eq!(cp.attempts(), 0, "nothing reached the control plane");
+    assert_no_token(&m);
+    drop(m);
+
+    // NO_PROXY exempts the control plane's host: the proxy sees nothing.
+    let cp = FakeCp::start().await;
+    let proxy = ConnectProxy::start(None);
+    let ns = TestNamespace::new(&client, "cp-no-proxy").await;
+    let mut env = managed_env(&cp);
+    env.push(("HTTPS_PROXY", proxy.url()));
+    env.push(("NO_PROXY", "127.0.0.1".into()));
+    let m = start(&ns.name, &env);
+    cp.wait_frame("snapshot, direct", is("snapshot")).await;
+    assert_eq!(cp.accepted(), 1);
+    assert_eq!(proxy.seen(), Vec::<String>::new(), "NO_PROXY was ignored");
     assert_no_token(&m);
 }

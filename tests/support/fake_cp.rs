@@ -8,6 +8,9 @@
 //! the test's runtime flavour, and a paused test clock does not stop it. Dropping the
 //! [`FakeCp`] shuts that runtime down, which ends every task and closes every socket.
 //!
+//! [`FakeCp::start_tls`] serves the same over TLS (`wss`) with a certificate the test
+//! supplies (see `support::pki`), for the private-CA tests of `AUTONOMIC_CA_FILE`.
+//!
 //! The HTTP request head is read by hand, so requests that are not (valid) WebSocket
 //! upgrades are recorded and answered too (404 for another path, 400 for a bad
 //! upgrade); accepted upgrades are handed to tungstenite's server handshake.
@@ -26,6 +29,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::server::{Request as WsRequest, Response};
 use tokio_tungstenite::tungstenite::http::HeaderValue;
@@ -123,7 +127,14 @@ struct Inner {
     state: Mutex<State>,
     /// Served path: `<prefix without trailing slash>/api/autonomic/connect`.
     path: String,
+    /// Set in TLS mode: every accepted TCP connection runs a TLS handshake first.
+    tls: Option<TlsAcceptor>,
 }
+
+/// A byte stream the fake serves on: plain TCP, or TLS over it.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+type Stream = Box<dyn Io>;
 
 struct State {
     mode: Mode,
@@ -131,6 +142,7 @@ struct State {
     snapshot_interval_s: u64,
     auto_heartbeat: bool,
     accepted: usize,
+    tls_failures: usize,
     requests: Vec<Request>,
     frames: Vec<Received>,
     conns: Vec<Conn>,
@@ -181,6 +193,19 @@ impl FakeCp {
     /// slash on the prefix is not doubled in the served path, but [`url`](Self::url)
     /// keeps it as given, so tests can hand the manager a base URL ending in `/`.
     pub async fn start_with_prefix(prefix: &str) -> FakeCp {
+        FakeCp::start_inner(prefix, None).await
+    }
+
+    /// Like [`start`](Self::start), over TLS: serves `wss` on `127.0.0.1:<free port>`
+    /// with the certificate chain `cert_pem` (leaf first) and its private key `key_pem`
+    /// (PKCS#8, PKCS#1 or SEC1). [`url`](Self::url) then starts with `https://`.
+    /// A client that does not finish the TLS handshake is counted in
+    /// [`tls_failures`](Self::tls_failures) and never reaches the WebSocket layer.
+    pub async fn start_tls(cert_pem: &str, key_pem: &str) -> FakeCp {
+        FakeCp::start_inner("", Some(tls_acceptor(cert_pem, key_pem))).await
+    }
+
+    async fn start_inner(prefix: &str, tls: Option<TlsAcceptor>) -> FakeCp {
         let prefix = if prefix.is_empty() || prefix.starts_with('/') {
             prefix.to_owned()
         } else {
@@ -193,6 +218,7 @@ impl FakeCp {
                 snapshot_interval_s: 300,
                 auto_heartbeat: true,
                 accepted: 0,
+                tls_failures: 0,
                 requests: Vec::new(),
                 frames: Vec::new(),
                 conns: Vec::new(),
@@ -200,6 +226,7 @@ impl FakeCp {
                 sockets: Vec::new(),
             }),
             path: format!("{}{CONNECT_PATH}", prefix.trim_end_matches('/')),
+            tls,
         });
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -231,7 +258,12 @@ impl FakeCp {
 
     /// The base URL to give the manager (`AUTONOMIC_BASE_URL`).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}{}", self.port, self.prefix)
+        let scheme = if self.inner.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://127.0.0.1:{}{}", self.port, self.prefix)
     }
 
     /// The port listened on; the same across [`stop`](Self::stop)/[`restart`](Self::restart).
@@ -259,6 +291,12 @@ impl FakeCp {
     /// Upgrades accepted (101) so far.
     pub fn accepted(&self) -> usize {
         self.inner.state().accepted
+    }
+
+    /// TLS mode: connections whose TLS handshake failed (the client did not trust the
+    /// certificate, or spoke plain HTTP) or did not finish within 10 s.
+    pub fn tls_failures(&self) -> usize {
+        self.inner.state().tls_failures
     }
 
     /// Upgrade requests seen so far, accepted or not.
@@ -468,7 +506,7 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
     loop {
         match listener.accept().await {
             Ok((tcp, _)) => {
-                let task = tokio::spawn(serve_socket(inner.clone(), tcp));
+                let task = tokio::spawn(serve_tcp(inner.clone(), tcp));
                 let mut s = inner.state();
                 s.sockets.retain(|t| !t.is_finished());
                 s.sockets.push(task);
@@ -477,6 +515,46 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     }
+}
+
+/// The server side of TLS mode, from PEM text; panics (failing the test) on bad input.
+fn tls_acceptor(cert_pem: &str, key_pem: &str) -> TlsAcceptor {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap_or_else(|e| panic!("fake control plane: bad certificate PEM: {e}"));
+    assert!(
+        !certs.is_empty(),
+        "fake control plane: no certificate in the certificate PEM"
+    );
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+        .unwrap_or_else(|e| panic!("fake control plane: bad private key PEM: {e}"));
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("fake control plane: TLS protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap_or_else(|e| panic!("fake control plane: certificate and key do not fit: {e}"));
+    TlsAcceptor::from(Arc::new(config))
+}
+
+/// One accepted TCP connection: the TLS handshake first in TLS mode, then the HTTP.
+async fn serve_tcp(inner: Arc<Inner>, tcp: TcpStream) {
+    let stream: Stream = match inner.tls.clone() {
+        None => Box::new(tcp),
+        Some(acceptor) => {
+            match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => Box::new(tls),
+                Ok(Err(_)) | Err(_) => {
+                    inner.state().tls_failures += 1;
+                    return;
+                }
+            }
+        }
+    };
+    serve_socket(inner, stream).await;
 }
 
 /// What the request head said.
@@ -490,7 +568,7 @@ struct Head {
 
 /// Reads the request head (up to the blank line). None: the client sent no complete
 /// head within 10 s, or too big a one, or went away.
-async fn read_head(tcp: &mut TcpStream) -> Option<Head> {
+async fn read_head(tcp: &mut Stream) -> Option<Head> {
     let mut raw = Vec::with_capacity(1024);
     let mut chunk = [0u8; 2048];
     let end = tokio::time::timeout(Duration::from_secs(10), async {
@@ -580,7 +658,7 @@ fn reason_phrase(status: u16) -> &'static str {
     }
 }
 
-async fn serve_socket(inner: Arc<Inner>, mut tcp: TcpStream) {
+async fn serve_socket(inner: Arc<Inner>, mut tcp: Stream) {
     let Some(head) = read_head(&mut tcp).await else {
         return;
     };
@@ -791,10 +869,10 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (year, month as u32, day as u32)
 }
 
-/// The socket under a connection: replays the request head already read (so
+/// The stream under a connection (TCP, or TLS over it): replays the request head already read (so
 /// tungstenite can run its handshake), and in Silent mode swallows every write.
 struct Wire {
-    tcp: TcpStream,
+    tcp: Stream,
     replay: Vec<u8>,
     pos: usize,
     muted: bool,

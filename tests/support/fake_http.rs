@@ -21,6 +21,10 @@ struct State {
     posts: Vec<Post>,
     outbox: Vec<Value>,
     status: u16,
+    /// Fail the post that follows an answer carrying a control (a network dying right
+    /// after the control plane asked for something).
+    fail_after_control: bool,
+    fail_next: bool,
 }
 
 pub struct FakeReport {
@@ -101,8 +105,14 @@ impl FakeReport {
                         if frames.iter().any(|f| f["type"] == "hello") {
                             answer.push(json!({"type": "welcome", "deployment_id": "dep-http", "heartbeat_interval_s": 2, "snapshot_interval_s": 300}));
                         }
-                        let status = st.status;
+                        let status = if st.fail_next { 503 } else { st.status };
+                        st.fail_next = false;
                         if status == 200 {
+                            if st.fail_after_control
+                                && st.outbox.iter().any(|f| f["type"] == "control")
+                            {
+                                st.fail_next = true;
+                            }
                             answer.append(&mut st.outbox);
                         }
                         st.posts.push(Post {
@@ -122,6 +132,10 @@ impl FakeReport {
             }
         });
         FakeReport { url, state, task }
+    }
+
+    pub fn fail_after_control(&self, on: bool) {
+        self.state.lock().unwrap().fail_after_control = on;
     }
 
     pub fn set_status(&self, status: u16) {
