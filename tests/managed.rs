@@ -709,6 +709,12 @@ async fn legacy_http_transport_reports_and_takes_control() {
         f["type"] == "io_close" && f["reason"] == "denied"
     })
     .await;
+    cp.wait_frame("session.denied audit", |f| {
+        f["type"] == "audit"
+            && f["event"]["action"] == "session.denied"
+            && f["event"]["session_id"] == "s"
+    })
+    .await;
 
     // A rejected token backs off and says so. (Waited for without blocking the thread:
     // the fake answers on this test's runtime.)

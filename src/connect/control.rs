@@ -4,9 +4,78 @@
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::connect::frame::{Control, ControlAction};
+use crate::audit::{now_rfc3339, uuid_v4};
+use crate::connect::frame::{
+    AuditAction, AuditDetail, AuditEvent, AuditTarget, Control, ControlAction, ControlResult,
+    Frame, IoClose, IoOpen,
+};
 use crate::crd::{Agent, Kind, Tool};
 use crate::reconcile::{Context, common, tool};
+
+/// Carries out `c`, logs and audits it (before anything is sent, so a failed send cannot
+/// lose the record), and returns the `control_result` to send.
+pub async fn answer(ctx: &Context, c: Control) -> Frame {
+    let outcome = execute(ctx, &c).await;
+    let ok = outcome.is_ok();
+    tracing::info!(id = %c.id, action = ?c.action, kind = %c.target.kind, namespace = %c.target.namespace, name = %c.target.name, ok, "control");
+    ctx.link.audit.record(AuditEvent {
+        id: uuid_v4(),
+        time: now_rfc3339(),
+        action: if ok {
+            AuditAction::ControlDone
+        } else {
+            AuditAction::ControlDenied
+        },
+        actor: c.actor,
+        session_id: None,
+        target: AuditTarget {
+            kind: c.target.kind,
+            namespace: c.target.namespace,
+            name: c.target.name,
+            pod: None,
+            container: None,
+        },
+        detail: AuditDetail {
+            command: Some(vec![format!("{:?}", c.action).to_lowercase()]),
+            reason: outcome.clone().err(),
+            ..Default::default()
+        },
+    });
+    Frame::ControlResult(ControlResult {
+        id: c.id,
+        ok,
+        error: outcome.err(),
+    })
+}
+
+/// Refuses a shell session: audits `session.denied` with `reason` and returns the
+/// `io_close` (reason `denied`) to send.
+pub fn deny_session(ctx: &Context, o: IoOpen, reason: &str) -> Frame {
+    ctx.link.audit.record(AuditEvent {
+        id: uuid_v4(),
+        time: now_rfc3339(),
+        action: AuditAction::SessionDenied,
+        actor: o.actor,
+        session_id: Some(o.session_id),
+        target: AuditTarget {
+            kind: "Agent".into(),
+            namespace: o.target.namespace,
+            name: o.target.agent,
+            pod: None,
+            container: Some(o.target.container),
+        },
+        detail: AuditDetail {
+            command: Some(o.command),
+            reason: Some(reason.into()),
+            ..Default::default()
+        },
+    });
+    Frame::IoClose(IoClose {
+        channel: o.channel,
+        exit_code: None,
+        reason: Some("denied".into()),
+    })
+}
 
 /// Carries out `c`. `Ok` says what was done; `Err` why it was refused or failed.
 pub async fn execute(ctx: &Context, c: &Control) -> Result<String, String> {

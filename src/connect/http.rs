@@ -15,12 +15,9 @@ use super::backoff::{Reconnect, Retry};
 use super::frame::{self, Frame};
 use super::socket::{DialError, tcp, tls_config};
 use super::{control, read_token, wire};
-use crate::audit::{now_rfc3339, uuid_v4};
+use crate::audit::now_rfc3339;
 use crate::config::Token;
-use crate::connect::frame::{
-    Audit, AuditAction, AuditDetail, AuditEvent, AuditTarget, Change, ControlResult, Delta,
-    Heartbeat, IoClose, Snapshot,
-};
+use crate::connect::frame::{Audit, Delta, Heartbeat, Snapshot};
 use crate::reconcile::Context;
 
 /// A control plane that accepts and never answers must not stall reporting.
@@ -153,27 +150,10 @@ impl Reporter {
     }
 
     fn delta(&mut self, ctx: &Context) -> Option<Frame> {
-        let dirty = ctx.link.take_dirty();
-        if dirty.is_empty() {
+        let changes = wire::pending_changes(ctx);
+        if changes.is_empty() {
             return None;
         }
-        let changes = dirty
-            .into_iter()
-            .map(|c| {
-                match (!c.removed)
-                    .then(|| wire::of(ctx, c.key.kind, &c.key.namespace, &c.key.name))
-                    .flatten()
-                {
-                    Some(resource) => Change::Upsert { resource },
-                    None => Change::Remove {
-                        kind: c.key.kind.as_str().into(),
-                        namespace: c.key.namespace,
-                        name: c.key.name,
-                        uid: c.uid,
-                    },
-                }
-            })
-            .collect();
         self.seq += 1;
         ctx.link.deltas_sent.fetch_add(1, Relaxed);
         Some(Frame::Delta(Delta {
@@ -196,44 +176,14 @@ impl Reporter {
                     self.outbox.push(s);
                 }
                 Frame::Control(c) => {
-                    let outcome = control::execute(ctx, &c).await;
-                    let ok = outcome.is_ok();
-                    self.outbox.push(Frame::ControlResult(ControlResult {
-                        id: c.id.clone(),
-                        ok,
-                        error: outcome.clone().err(),
-                    }));
-                    ctx.link.audit.record(AuditEvent {
-                        id: uuid_v4(),
-                        time: now_rfc3339(),
-                        action: if ok {
-                            AuditAction::ControlDone
-                        } else {
-                            AuditAction::ControlDenied
-                        },
-                        actor: c.actor,
-                        session_id: None,
-                        target: AuditTarget {
-                            kind: c.target.kind,
-                            namespace: c.target.namespace,
-                            name: c.target.name,
-                            pod: None,
-                            container: None,
-                        },
-                        detail: AuditDetail {
-                            command: Some(vec![format!("{:?}", c.action).to_lowercase()]),
-                            reason: outcome.err(),
-                            ..Default::default()
-                        },
-                    });
+                    let result = control::answer(ctx, c).await;
+                    self.outbox.push(result);
                 }
                 Frame::IoOpen(o) => {
                     // §8: no shell I/O over this transport.
-                    self.outbox.push(Frame::IoClose(IoClose {
-                        channel: o.channel,
-                        exit_code: None,
-                        reason: Some("denied".into()),
-                    }));
+                    let close =
+                        control::deny_session(ctx, o, "no shell I/O over the HTTP transport");
+                    self.outbox.push(close);
                 }
                 Frame::Heartbeat(_) => {}
                 other => tracing::debug!(

@@ -15,11 +15,8 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use super::frame::{self, Frame};
 use super::socket::Socket;
 use super::{Link, control, wire};
-use crate::audit::{now_rfc3339, uuid_v4};
-use crate::connect::frame::{
-    AuditAction, AuditDetail, AuditEvent, AuditTarget, Change, ControlResult, Delta, ErrorFrame,
-    Heartbeat, IoClose, Snapshot,
-};
+use crate::audit::now_rfc3339;
+use crate::connect::frame::{Delta, ErrorFrame, Heartbeat, Snapshot};
 use crate::reconcile::Context;
 
 /// How a session ended, which decides the wait before the next dial.
@@ -73,27 +70,10 @@ impl Conn<'_> {
     }
 
     async fn delta(&mut self) -> Result<(), End> {
-        let dirty = self.link().take_dirty();
-        if dirty.is_empty() {
+        let changes = wire::pending_changes(self.ctx);
+        if changes.is_empty() {
             return Ok(());
         }
-        let changes = dirty
-            .into_iter()
-            .map(|c| {
-                let current = (!c.removed)
-                    .then(|| wire::of(self.ctx, c.key.kind, &c.key.namespace, &c.key.name))
-                    .flatten();
-                match current {
-                    Some(resource) => Change::Upsert { resource },
-                    None => Change::Remove {
-                        kind: c.key.kind.as_str().to_owned(),
-                        namespace: c.key.namespace,
-                        name: c.key.name,
-                        uid: c.uid,
-                    },
-                }
-            })
-            .collect();
         self.seq += 1;
         self.send(&Frame::Delta(Delta {
             seq: self.seq,
@@ -155,73 +135,17 @@ impl Conn<'_> {
             Frame::Heartbeat(_) | Frame::Welcome(_) => Ok(()),
             Frame::Resync => self.snapshot().await,
             Frame::Control(c) => {
-                let outcome = control::execute(self.ctx, &c).await;
-                let (ok, error) = match &outcome {
-                    Ok(_) => (true, None),
-                    Err(why) => (false, Some(why.clone())),
-                };
-                tracing::info!(id = %c.id, action = ?c.action, kind = %c.target.kind, namespace = %c.target.namespace, name = %c.target.name, ok, "control");
-                // Audited before answering: a failed send must not lose the record.
-                self.link().audit.record(AuditEvent {
-                    id: uuid_v4(),
-                    time: now_rfc3339(),
-                    action: if ok {
-                        AuditAction::ControlDone
-                    } else {
-                        AuditAction::ControlDenied
-                    },
-                    actor: c.actor.clone(),
-                    session_id: None,
-                    target: AuditTarget {
-                        kind: c.target.kind.clone(),
-                        namespace: c.target.namespace.clone(),
-                        name: c.target.name.clone(),
-                        pod: None,
-                        container: None,
-                    },
-                    detail: AuditDetail {
-                        command: Some(vec![format!("{:?}", c.action).to_lowercase()]),
-                        reason: outcome.err(),
-                        ..Default::default()
-                    },
-                });
-                self.send(&Frame::ControlResult(ControlResult {
-                    id: c.id.clone(),
-                    ok,
-                    error: error.clone(),
-                }))
-                .await?;
-                Ok(())
+                let result = control::answer(self.ctx, c).await;
+                self.send(&result).await
             }
             Frame::IoOpen(o) => {
-                // Shell I/O is not part of this build: refuse as the spec refuses, audited.
-                let reason = "shell sessions are not available in this manager version";
-                self.send(&Frame::IoClose(IoClose {
-                    channel: o.channel,
-                    exit_code: None,
-                    reason: Some("denied".into()),
-                }))
-                .await?;
-                self.link().audit.record(AuditEvent {
-                    id: uuid_v4(),
-                    time: now_rfc3339(),
-                    action: AuditAction::SessionDenied,
-                    actor: o.actor,
-                    session_id: Some(o.session_id),
-                    target: AuditTarget {
-                        kind: "Agent".into(),
-                        namespace: o.target.namespace,
-                        name: o.target.agent,
-                        pod: None,
-                        container: Some(o.target.container),
-                    },
-                    detail: AuditDetail {
-                        command: Some(o.command),
-                        reason: Some(reason.into()),
-                        ..Default::default()
-                    },
-                });
-                Ok(())
+                // Shell I/O is not part of this build: refused as the spec refuses, audited.
+                let close = control::deny_session(
+                    self.ctx,
+                    o,
+                    "shell sessions are not available in this manager version",
+                );
+                self.send(&close).await
             }
             Frame::IoResize(r) => {
                 self.error(

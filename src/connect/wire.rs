@@ -208,6 +208,30 @@ pub fn of(ctx: &Context, kind: Kind, ns: &str, name: &str) -> Option<Value> {
     }
 }
 
+/// The changes noted since the last snapshot or delta, each as the object's newest
+/// state, or its removal when it is gone.
+pub fn pending_changes(ctx: &Context) -> Vec<crate::connect::frame::Change> {
+    use crate::connect::frame::Change;
+    ctx.link
+        .take_dirty()
+        .into_iter()
+        .map(|c| {
+            let current = (!c.removed)
+                .then(|| of(ctx, c.key.kind, &c.key.namespace, &c.key.name))
+                .flatten();
+            match current {
+                Some(resource) => Change::Upsert { resource },
+                None => Change::Remove {
+                    kind: c.key.kind.as_str().to_owned(),
+                    namespace: c.key.namespace,
+                    name: c.key.name,
+                    uid: c.uid,
+                },
+            }
+        })
+        .collect()
+}
+
 /// Every watched custom resource, for a snapshot.
 pub fn all(ctx: &Context) -> Vec<Value> {
     let mut out = Vec::new();
