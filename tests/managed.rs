@@ -981,3 +981,55 @@ async fn connects_through_an_http_connect_proxy() {
     assert_eq!(proxy.seen(), Vec::<String>::new(), "NO_PROXY was ignored");
     assert_no_token(&m);
 }
+
+#[tokio::test]
+async fn silent_peer_periodic_snapshots_and_revoked_token() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "cp-timers").await;
+    let cp = FakeCp::start().await;
+    // A peer that upgrades and then says nothing: no welcome within the timeout.
+    cp.set_mode(Mode::Silent);
+    let mut env = managed_env(&cp);
+    env.push(("AUTONOMIC_WELCOME_TIMEOUT_S", "1".into()));
+    let mut m = start(&ns.name, &env);
+    m.wait_log("no welcome from the control plane", Duration::from_secs(20));
+    wait_until("a redial after the welcome timeout", || async {
+        cp.accepted() >= 2
+    })
+    .await;
+    assert!(
+        !cp.frames()
+            .iter()
+            .any(|r| r.frame_type() == Some("snapshot")),
+        "no snapshot before welcome"
+    );
+
+    // A snapshot every snapshot_interval_s backstops lost deltas.
+    cp.set_mode(Mode::Accept);
+    cp.set_welcome(15, 1);
+    wait_until("three snapshots on one connection", || async {
+        let frames = cp.frames();
+        let Some(conn) = frames
+            .iter()
+            .filter(|r| r.frame_type() == Some("snapshot"))
+            .map(|r| r.conn)
+            .max()
+        else {
+            return false;
+        };
+        frames
+            .iter()
+            .filter(|r| r.conn == conn && r.frame_type() == Some("snapshot"))
+            .count()
+            >= 3
+    })
+    .await;
+
+    // Close 4001: the token was revoked; said so, and dialled again on the rejected schedule.
+    let before = cp.attempts();
+    cp.close(4001, "token revoked").await;
+    let line = m.wait_log("token rejected: revoked", Duration::from_secs(10));
+    assert!(line.contains(&TOKEN[..6]), "{line}");
+    wait_until("a redial", || async { cp.attempts() > before }).await;
+    assert_no_token(&m);
+}

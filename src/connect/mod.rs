@@ -213,3 +213,40 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::Kind;
+
+    fn changed(name: &str, removed: bool, uid: &str) -> Changed {
+        Changed {
+            key: Key::new(Kind::Agent, "ns", name),
+            removed,
+            uid: uid.into(),
+        }
+    }
+
+    #[test]
+    fn bursts_coalesce_per_object_and_removals_are_not_hidden() {
+        let link = Link::default();
+        for _ in 0..1000 {
+            link.mark(changed("a", false, "u1"));
+        }
+        link.mark(changed("b", false, "u2"));
+        // The owner is removed, then an event of its pod arrives (no uid): still a removal.
+        link.mark(changed("b", true, "u2"));
+        link.mark(changed("b", false, ""));
+        let mut pending = link.take_dirty();
+        pending.sort_by(|x, y| x.key.cmp(&y.key));
+        assert_eq!(
+            pending,
+            vec![changed("a", false, "u1"), changed("b", true, "u2")]
+        );
+        assert!(link.take_dirty().is_empty());
+        // A pod event keeps the uid its owner's event carried.
+        link.mark(changed("c", false, "u3"));
+        link.mark(changed("c", false, ""));
+        assert_eq!(link.take_dirty(), vec![changed("c", false, "u3")]);
+    }
+}
