@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 pub const AGENTLET_IMAGE: &str = "autonomic.test/agentlet:1";
 pub const BUSYBOX_IMAGE: &str = "autonomic.test/busybox:1";
 /// Long enough for a pod on a loaded 2-core machine; this is a bound, not a claim.
-pub const WAIT: Duration = Duration::from_secs(90);
+pub const WAIT: Duration = Duration::from_secs(150);
 
 /// A client for the test bed. Fails loudly (never skips) when there is none.
 pub async fn client() -> Client {
