@@ -7,7 +7,7 @@ use std::time::Duration;
 use autonomic_manager::crd::{Agent, AgentPhase, Runtime, RuntimePhase};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use support::*;
 
@@ -38,15 +38,6 @@ where
     api.create(&PostParams::default(), obj)
         .await
         .expect("create")
-}
-
-async fn merge<K>(api: &Api<K>, name: &str, patch: serde_json::Value)
-where
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("patch");
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use autonomic_manager::crd::{Memory, MemoryPhase, Runtime, RuntimePhase, Tool, ToolPhase};
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::json;
 use support::*;
 
@@ -16,15 +16,6 @@ use support::*;
 /// lets the TERM trap run at once instead of after the 30 s grace period.
 const SERVER: &str =
     r#"[sh, -c, "trap 'exit 0' TERM; while :; do nc -l -p 8080 -e echo ok & wait $!; done"]"#;
-
-async fn merge<K>(api: &Api<K>, name: &str, patch: serde_json::Value)
-where
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("patch");
-}
 
 fn tool_phase(t: &Tool) -> Option<ToolPhase> {
     t.status.as_ref()?.phase

@@ -326,6 +326,17 @@ impl Drop for Manager {
     }
 }
 
+/// A JSON merge patch of object `name`.
+pub async fn merge<K>(api: &Api<K>, name: &str, patch: serde_json::Value)
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    use kube::api::{Patch, PatchParams};
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch");
+}
+
 /// Builds an object from YAML, for readable fixtures.
 pub fn yaml<K: DeserializeOwned>(text: &str) -> K {
     serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("fixture does not parse: {e}\n{text}"))
