@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 
 use crate::crd::{Agent, Kind, Memory, Runtime, Tool};
 use crate::reconcile::Context;
-use crate::reconcile::{common, tool};
+use crate::reconcile::{PhaseStatus, common, tool};
 
 /// `someField` → `some_field`, only for keys that are plain camelCase identifiers, so
 /// data keys such as `hugepages-2Mi` or `nvidia.com/gpu` pass unchanged.
@@ -86,49 +86,38 @@ fn pod_wire(pod: &Pod) -> Value {
     })
 }
 
-struct Common<'a, S> {
+/// The wire form of one custom resource: its metadata, spec and status, the phase and
+/// message the status carries, `ready` when the phase is `ready_phase`, and its pods.
+fn build<K, P, S>(
     kind: Kind,
-    meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    spec: &'a dyn erased::Spec,
-    status: Option<&'a S>,
-    phase: Option<String>,
-    message: Option<String>,
-    ready: bool,
+    obj: &K,
+    spec: &P,
+    status: Option<&S>,
+    ready_phase: &str,
     pods: Vec<Value>,
-}
-
-/// A tiny indirection so `Common` can hold any spec type without generics everywhere.
-mod erased {
-    pub trait Spec {
-        fn to_value(&self) -> serde_json::Value;
-    }
-    impl<T: serde::Serialize> Spec for T {
-        fn to_value(&self) -> serde_json::Value {
-            serde_json::to_value(self).unwrap_or_default()
-        }
-    }
-}
-
-fn build<S: Serialize>(c: Common<'_, S>) -> Value {
-    let status = c
-        .status
-        .map(|s| serde_json::to_value(s).unwrap_or_default())
-        .unwrap_or(json!({}));
+) -> Value
+where
+    K: ResourceExt,
+    P: Serialize,
+    S: PhaseStatus,
+{
+    let meta = obj.meta();
+    let phase = status.and_then(PhaseStatus::phase_name).unwrap_or_default();
     json!({
-        "kind": c.kind.as_str(),
-        "namespace": c.meta.namespace.clone().unwrap_or_default(),
-        "name": c.meta.name.clone().unwrap_or_default(),
-        "uid": c.meta.uid.clone().unwrap_or_default(),
-        "generation": c.meta.generation.unwrap_or(0),
-        "resource_version": c.meta.resource_version.clone().unwrap_or_default(),
-        "created_at": c.meta.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
-        "labels": c.meta.labels.clone().unwrap_or_default(),
-        "phase": c.phase.unwrap_or_default(),
-        "ready": c.ready,
-        "message": c.message.unwrap_or_default(),
-        "spec": snake_case(c.spec.to_value()),
-        "status": snake_case(status),
-        "pods": c.pods,
+        "kind": kind.as_str(),
+        "namespace": meta.namespace.clone().unwrap_or_default(),
+        "name": meta.name.clone().unwrap_or_default(),
+        "uid": meta.uid.clone().unwrap_or_default(),
+        "generation": meta.generation.unwrap_or(0),
+        "resource_version": meta.resource_version.clone().unwrap_or_default(),
+        "created_at": meta.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
+        "labels": meta.labels.clone().unwrap_or_default(),
+        "ready": phase == ready_phase,
+        "phase": phase,
+        "message": status.map(PhaseStatus::message_text).unwrap_or_default(),
+        "spec": snake_case(serde_json::to_value(spec).unwrap_or_default()),
+        "status": snake_case(status.map(|s| serde_json::to_value(s).unwrap_or_default()).unwrap_or(json!({}))),
+        "pods": pods,
     })
 }
 
@@ -141,61 +130,34 @@ fn owned_pod(ctx: &Context, ns: &str, name: &str, uid: Option<String>) -> Vec<Va
 }
 
 pub fn agent(ctx: &Context, a: &Agent) -> Value {
-    let ns = a.namespace().unwrap_or_default();
-    let st = a.status.as_ref();
-    build(Common {
-        kind: Kind::Agent,
-        meta: &a.metadata,
-        spec: &a.spec,
-        status: st,
-        phase: st.and_then(|s| s.phase).map(|p| format!("{p:?}")),
-        message: st.and_then(|s| s.message.clone()),
-        ready: st.and_then(|s| s.phase) == Some(crate::crd::AgentPhase::Active),
-        pods: owned_pod(ctx, &ns, &a.name_any(), a.uid()),
-    })
+    let pods = owned_pod(
+        ctx,
+        &a.namespace().unwrap_or_default(),
+        &a.name_any(),
+        a.uid(),
+    );
+    build(Kind::Agent, a, &a.spec, a.status.as_ref(), "Active", pods)
 }
 
 pub fn tool(ctx: &Context, t: &Tool) -> Value {
-    let ns = t.namespace().unwrap_or_default();
-    let st = t.status.as_ref();
-    build(Common {
-        kind: Kind::Tool,
-        meta: &t.metadata,
-        spec: &t.spec,
-        status: st,
-        phase: st.and_then(|s| s.phase).map(|p| format!("{p:?}")),
-        message: st.and_then(|s| s.message.clone()),
-        ready: st.and_then(|s| s.phase) == Some(crate::crd::ToolPhase::Ready),
-        pods: owned_pod(ctx, &ns, &tool::pod_name(&t.name_any()), t.uid()),
-    })
+    let pod = tool::pod_name(&t.name_any());
+    let pods = owned_pod(ctx, &t.namespace().unwrap_or_default(), &pod, t.uid());
+    build(Kind::Tool, t, &t.spec, t.status.as_ref(), "Ready", pods)
 }
 
 pub fn runtime(r: &Runtime) -> Value {
-    let st = r.status.as_ref();
-    build(Common {
-        kind: Kind::Runtime,
-        meta: &r.metadata,
-        spec: &r.spec,
-        status: st,
-        phase: st.and_then(|s| s.phase).map(|p| format!("{p:?}")),
-        message: st.and_then(|s| s.message.clone()),
-        ready: st.and_then(|s| s.phase) == Some(crate::crd::RuntimePhase::Ready),
-        pods: vec![],
-    })
+    build(
+        Kind::Runtime,
+        r,
+        &r.spec,
+        r.status.as_ref(),
+        "Ready",
+        vec![],
+    )
 }
 
 pub fn memory(m: &Memory) -> Value {
-    let st = m.status.as_ref();
-    build(Common {
-        kind: Kind::Memory,
-        meta: &m.metadata,
-        spec: &m.spec,
-        status: st,
-        phase: st.and_then(|s| s.phase).map(|p| format!("{p:?}")),
-        message: st.and_then(|s| s.message.clone()),
-        ready: st.and_then(|s| s.phase) == Some(crate::crd::MemoryPhase::Bound),
-        pods: vec![],
-    })
+    build(Kind::Memory, m, &m.spec, m.status.as_ref(), "Bound", vec![])
 }
 
 /// The wire form of one custom resource as cached now, if it exists.
