@@ -878,12 +878,6 @@ cmd_import() {
     "${HERE}/images.sh" import-archive "$CTRD_SOCK" "$@"
 }
 
-usage() {
-    # The header comment block (line 2 up to the first non-comment line).
-    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}" >&2
-    exit 2
-}
-
 main() {
     local cmd="${1:-}"
     [[ $# -gt 0 ]] && shift

@@ -148,12 +148,6 @@ import_all() {
     log "imported: $(for img in "${IMAGES[@]}"; do printf '%s ' "$(image_name "$img")"; done)"
 }
 
-usage() {
-    # The header comment block (line 2 up to the first non-comment line).
-    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}" >&2
-    exit 2
-}
-
 main() {
     local cmd="${1:-}"
     [[ $# -gt 0 ]] && shift

@@ -21,6 +21,13 @@ K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube
 log() { printf '[testbed %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
+# Prints the entry script's header comment block (line 2 up to the first non-comment
+# line) and exits 2. BASH_SOURCE[-1] is the script that was run, not this file.
+usage() {
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[-1]}" >&2
+    exit 2
+}
+
 # Whether every package given is installed (dpkg's view, no network).
 packages_installed() {
     local p status
