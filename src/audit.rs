@@ -43,7 +43,7 @@ impl AuditLog {
         tracing::info!(
             target: "audit",
             id = %event.id,
-            action = ?event.action,
+            action = %event.action.as_str(),
             actor = %event.actor,
             kind = %event.target.kind,
             namespace = %event.target.namespace,
@@ -162,6 +162,20 @@ mod tests {
             log.record(event(n));
         }
         assert_eq!((log.queued(), log.dropped()), (10_000, 0));
+    }
+
+    #[test]
+    fn logged_action_names_are_the_wire_names() {
+        use AuditAction::*;
+        for a in [
+            SessionOpen,
+            SessionClose,
+            SessionDenied,
+            ControlDone,
+            ControlDenied,
+        ] {
+            assert_eq!(serde_json::to_value(a).unwrap(), a.as_str());
+        }
     }
 
     #[test]

@@ -306,6 +306,19 @@ pub enum AuditAction {
     ControlDenied,
 }
 
+impl AuditAction {
+    /// The wire name, e.g. `session.close`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditAction::SessionOpen => "session.open",
+            AuditAction::SessionClose => "session.close",
+            AuditAction::SessionDenied => "session.denied",
+            AuditAction::ControlDone => "control.done",
+            AuditAction::ControlDenied => "control.denied",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AuditTarget {
     pub kind: String,
