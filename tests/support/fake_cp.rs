@@ -145,6 +145,10 @@ struct State {
     tls_failures: usize,
     requests: Vec<Request>,
     frames: Vec<Received>,
+    /// Binary messages keep at most this many payload bytes (a flood would fill memory).
+    binary_keep: usize,
+    /// Payload bytes received per shell channel, whole (before `binary_keep`).
+    binary_bytes: BTreeMap<u32, u64>,
     conns: Vec<Conn>,
     listener: Option<JoinHandle<()>>,
     sockets: Vec<JoinHandle<()>>,
@@ -221,6 +225,8 @@ impl FakeCp {
                 tls_failures: 0,
                 requests: Vec::new(),
                 frames: Vec::new(),
+                binary_keep: usize::MAX,
+                binary_bytes: BTreeMap::new(),
                 conns: Vec::new(),
                 listener: None,
                 sockets: Vec::new(),
@@ -307,6 +313,37 @@ impl FakeCp {
     /// Every upgrade request, in arrival order, with the status answered.
     pub fn requests(&self) -> Vec<Request> {
         self.inner.state().requests.clone()
+    }
+
+    /// Keep at most `n` payload bytes of each binary message from now on (the byte
+    /// counts of [`FakeCp::binary_bytes`] stay whole).
+    pub fn set_binary_keep(&self, n: usize) {
+        self.inner.state().binary_keep = n;
+    }
+
+    /// Shell payload bytes received on `channel` (stdout and stderr), all connections.
+    pub fn binary_bytes(&self, channel: u32) -> u64 {
+        self.inner
+            .state()
+            .binary_bytes
+            .get(&channel)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The kept output bytes of `channel` on `stream` (1 stdout, 2 stderr), in order.
+    pub fn output(&self, channel: u32, stream: u8) -> Vec<u8> {
+        let mut out = Vec::new();
+        for f in &self.inner.state().frames {
+            if let ReceivedKind::Binary(b) = &f.kind
+                && b.len() >= 5
+                && b[..4] == channel.to_be_bytes()
+                && b[4] == stream
+            {
+                out.extend_from_slice(&b[5..]);
+            }
+        }
+        out
     }
 
     /// Every message received, all connections, in arrival order.
@@ -826,7 +863,16 @@ fn record_message(inner: &Inner, id: usize, msg: Message) -> Option<Value> {
             }
         }
         Message::Binary(bytes) => {
-            inner.record(id, ReceivedKind::Binary(bytes.to_vec()));
+            let keep = {
+                let mut s = inner.state();
+                if bytes.len() >= 5 {
+                    let channel = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+                    *s.binary_bytes.entry(channel).or_default() += bytes.len() as u64 - 5;
+                }
+                s.binary_keep
+            };
+            let kept = &bytes[..bytes.len().min(keep.saturating_add(5))];
+            inner.record(id, ReceivedKind::Binary(kept.to_vec()));
             None
         }
         Message::Close(frame) => {
