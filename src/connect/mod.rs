@@ -8,6 +8,7 @@ pub mod control;
 pub mod frame;
 pub mod http;
 pub mod session;
+pub mod shell;
 pub mod socket;
 pub mod wire;
 
@@ -39,6 +40,10 @@ pub struct Link {
     pub frames_rejected: AtomicU64,
     /// Unix seconds of the last `welcome`, 0 before the first.
     pub last_welcome: AtomicU64,
+    /// Shell sessions running now.
+    pub sessions_open: AtomicU64,
+    /// The last WebSocket ping's round trip in microseconds; 0 before the first.
+    pub heartbeat_rtt_us: AtomicU64,
 }
 
 impl Link {
@@ -83,7 +88,8 @@ pub fn read_token(config: &Config) -> Result<Token, String> {
         .ok_or_else(|| "no token configured".to_owned())
 }
 
-fn hello(ctx: &Context, boot_id: &str, kubernetes_version: &str) -> Frame {
+/// `io` only over the WebSocket: the HTTP transport cannot carry a shell's bytes.
+fn hello(ctx: &Context, boot_id: &str, kubernetes_version: &str, io: bool) -> Frame {
     let c = &ctx.config;
     Frame::Hello(Hello {
         protocol: frame::PROTOCOL_VERSION,
@@ -99,9 +105,11 @@ fn hello(ctx: &Context, boot_id: &str, kubernetes_version: &str) -> Frame {
             os: std::env::consts::OS.to_owned(),
             arch: std::env::consts::ARCH.to_owned(),
         },
-        capabilities: ["snapshot", "delta", "control", "audit"]
+        capabilities: ["snapshot", "delta", "io", "control", "audit"]
+            .into_iter()
+            .filter(|c| io || *c != "io")
             .map(String::from)
-            .to_vec(),
+            .collect(),
     })
 }
 
@@ -131,7 +139,7 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
         Err(_) => String::new(),
     };
     if config.transport == crate::config::Transport::Http {
-        let hello = hello(&ctx, &boot_id, &kubernetes_version);
+        let hello = hello(&ctx, &boot_id, &kubernetes_version, false);
         return http::run(ctx, hello, shutdown, reconnect).await;
     }
     let url = config.base_url.endpoint(true, "connect");
@@ -158,7 +166,7 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
                     }
                     Ok(ws) => {
                         tracing::info!(%url, token_prefix = %token.prefix(), "connected to the control plane");
-                        let hello = hello(&ctx, &boot_id, &kubernetes_version);
+                        let hello = hello(&ctx, &boot_id, &kubernetes_version, true);
                         let end = session::run(&ctx, ws, hello, &mut shutdown, || {
                             reconnect.reset();
                             link.connected.store(true, Relaxed);

@@ -13,8 +13,9 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use super::frame::{self, Frame};
+use super::shell::{Outgoing, Reply, Shells};
 use super::socket::Socket;
-use super::{Link, control, wire};
+use super::{Link, wire};
 use crate::audit::now_rfc3339;
 use crate::connect::frame::{Delta, ErrorFrame, Heartbeat, Snapshot};
 use crate::reconcile::Context;
@@ -35,10 +36,16 @@ pub enum End {
 /// Changes arriving within this window leave as one delta (newest state wins).
 const COALESCE: Duration = Duration::from_millis(100);
 
+/// How long shell sessions get to end at shutdown (the whole shutdown has 5 s).
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(1500);
+
 struct Conn<'a> {
     ws: Socket,
     seq: u64,
     ctx: &'a Arc<Context>,
+    shells: Shells,
+    /// When the last ping left, for the round-trip gauge.
+    ping_sent: Option<Instant>,
 }
 
 impl Conn<'_> {
@@ -47,12 +54,27 @@ impl Conn<'_> {
     }
 
     async fn send(&mut self, frame: &Frame) -> Result<(), End> {
-        let text = frame::encode(frame);
-        self.link().bytes_sent.fetch_add(text.len() as u64, Relaxed);
+        self.send_message(Message::text(frame::encode(frame))).await
+    }
+
+    async fn send_message(&mut self, message: Message) -> Result<(), End> {
+        self.link()
+            .bytes_sent
+            .fetch_add(message.len() as u64, Relaxed);
         self.ws
-            .send(Message::text(text))
+            .send(message)
             .await
             .map_err(|e| End::Dropped(format!("send failed: {e}")))
+    }
+
+    async fn reply(&mut self, reply: Reply, reference: &str) -> Result<(), End> {
+        match reply {
+            Reply::None => Ok(()),
+            Reply::Frame(f) => self.send(&f).await,
+            Reply::Error(code, message) => {
+                self.error(code, message, Some(reference.to_owned())).await
+            }
+        }
     }
 
     async fn snapshot(&mut self) -> Result<(), End> {
@@ -135,33 +157,20 @@ impl Conn<'_> {
             Frame::Heartbeat(_) | Frame::Welcome(_) => Ok(()),
             Frame::Resync => self.snapshot().await,
             Frame::Control(c) => {
-                let result = control::answer(self.ctx, c).await;
+                let result = super::control::answer(self.ctx, c).await;
                 self.send(&result).await
             }
             Frame::IoOpen(o) => {
-                // Shell I/O is not part of this build: refused as the spec refuses, audited.
-                let close = control::deny_session(
-                    self.ctx,
-                    o,
-                    "shell sessions are not available in this manager version",
-                );
-                self.send(&close).await
+                let reply = self.shells.open(self.ctx, o);
+                self.reply(reply, "io_open").await
             }
             Frame::IoResize(r) => {
-                self.error(
-                    "unknown_channel",
-                    format!("no session on channel {}", r.channel),
-                    Some("io_resize".into()),
-                )
-                .await
+                let reply = self.shells.resize(&r);
+                self.reply(reply, "io_resize").await
             }
             Frame::IoClose(c) => {
-                self.error(
-                    "unknown_channel",
-                    format!("no session on channel {}", c.channel),
-                    Some("io_close".into()),
-                )
-                .await
+                let reply = self.shells.close(&c);
+                self.reply(reply, "io_close").await
             }
             Frame::Error(e) => {
                 tracing::warn!(code = %e.code, message = %e.message, "the control plane reported an error");
@@ -231,8 +240,24 @@ pub async fn run(
     shutdown: &mut watch::Receiver<bool>,
     on_welcome: impl FnOnce(),
 ) -> End {
-    let mut conn = Conn { ws, seq: 0, ctx };
-    match drive(&mut conn, hello, shutdown, on_welcome).await {
+    let mut conn = Conn {
+        ws,
+        seq: 0,
+        ctx,
+        shells: Shells::default(),
+        ping_sent: None,
+    };
+    let end = drive(&mut conn, hello, shutdown, on_welcome).await;
+    // §6: every exec of this connection ends with it, and is audited.
+    let (why, grace) = match &end {
+        Ok(()) | Err(End::Shutdown) => ("manager shutting down", SHUTDOWN_GRACE),
+        Err(_) => (
+            "connection to the control plane lost",
+            Duration::from_secs(5),
+        ),
+    };
+    conn.shells.end_all(ctx, why, grace).await;
+    match end {
         Ok(()) => End::Shutdown,
         Err(End::Shutdown) => {
             conn.close(1000, "shutdown").await;
@@ -287,11 +312,14 @@ async fn drive(
                 match msg {
                     Some(Ok(Message::Text(t))) => conn.handle_text(&t).await?,
                     Some(Ok(Message::Binary(b))) => {
-                        let msg = match frame::decode_io(&b) {
-                            Ok(chunk) => format!("no session on channel {}", chunk.channel),
-                            Err(e) => e.to_string(),
-                        };
-                        conn.error("unknown_channel", msg, None).await?;
+                        let reply = conn.shells.input(&b);
+                        conn.reply(reply, "binary").await?;
+                    }
+                    Some(Ok(Message::Pong(_))) => {
+                        if let Some(sent) = conn.ping_sent.take() {
+                            let rtt = sent.elapsed().as_micros() as u64;
+                            link.heartbeat_rtt_us.store(rtt.max(1), Relaxed);
+                        }
                     }
                     Some(Ok(Message::Close(f))) => return Err(closed(f)),
                     Some(Ok(_)) => {}
@@ -313,6 +341,16 @@ async fn drive(
                     return Err(End::Dead);
                 }
                 conn.send(&Frame::Heartbeat(Heartbeat { sent_at: now_rfc3339() })).await?;
+                // The peer's WebSocket layer answers a ping at once: the round trip.
+                conn.ping_sent = Some(Instant::now());
+                conn.send_message(Message::Ping(Default::default())).await?;
+            }
+            Some(ev) = conn.shells.events.recv() => {
+                match conn.shells.event(conn.ctx, ev) {
+                    Some(Outgoing::Text(f)) => conn.send(&f).await?,
+                    Some(Outgoing::Binary(b)) => conn.send_message(Message::binary(b)).await?,
+                    None => {}
+                }
             }
             _ = snapshot_tick.tick() => conn.snapshot().await?,
         }

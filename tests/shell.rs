@@ -1,0 +1,498 @@
+//! Shell I/O (PROTOCOL.md §6, §7): real execs with a PTY into real pods of the test bed,
+//! driven by the fake control plane.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use autonomic_manager::crd::{Agent, AgentPhase};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, AttachParams, PostParams};
+use serde_json::{Value, json};
+use support::fake_cp::{FakeCp, Received};
+use support::*;
+use tokio::io::AsyncReadExt;
+
+const TOKEN: &str = "tok_live_5e1d0c9b8a7f6e52";
+
+/// How long output or an exec's end may take to show up (a bound, not a timing claim).
+const OUTPUT_WAIT: Duration = Duration::from_secs(60);
+
+const IDLE: &str = r#"["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]"#;
+
+fn start(ns: &str, cp: &FakeCp, extra: &[(&str, &str)]) -> Manager {
+    let url = cp.url();
+    let mut env = vec![
+        ("AUTONOMIC_MANAGED", "true"),
+        ("AUTONOMIC_BASE_URL", url.as_str()),
+        ("AUTONOMIC_AUTH_TOKEN", TOKEN),
+        ("AUTONOMIC_BACKOFF_INITIAL_MS", "100"),
+        ("AUTONOMIC_BACKOFF_MAX_MS", "400"),
+    ];
+    env.extend_from_slice(extra);
+    Manager::start(ns, &env)
+}
+
+async fn agent(ns: &TestNamespace, name: &str, extra_spec: &str) -> Agent {
+    let a: Agent = yaml(&format!(
+        "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {{name: {name}}}\nspec: {{runtime: {{image: '{BUSYBOX_IMAGE}', command: {IDLE}}}{extra_spec}}}"
+    ));
+    ns.api::<Agent>()
+        .create(&PostParams::default(), &a)
+        .await
+        .expect("create agent")
+}
+
+async fn active(ns: &TestNamespace, name: &str) {
+    agent(ns, name, "").await;
+    wait_for(&ns.api::<Agent>(), name, "Active", |a| {
+        a.status.as_ref().and_then(|s| s.phase) == Some(AgentPhase::Active)
+    })
+    .await;
+}
+
+async fn open(cp: &FakeCp, channel: u32, target: Value, command: Option<&[&str]>, tty: bool) {
+    let mut frame = json!({
+        "type": "io_open", "channel": channel, "session_id": format!("sess-{channel}"),
+        "actor": "alice@example.com", "target": target, "tty": tty, "cols": 80, "rows": 24,
+    });
+    if let Some(c) = command {
+        frame["command"] = json!(c);
+    }
+    cp.send(frame).await;
+}
+
+fn target(ns: &str, agent: &str) -> Value {
+    json!({"namespace": ns, "agent": agent})
+}
+
+async fn stdin(cp: &FakeCp, channel: u32, text: &str) {
+    let mut b = channel.to_be_bytes().to_vec();
+    b.push(0);
+    b.extend_from_slice(text.as_bytes());
+    cp.send_binary(b).await;
+}
+
+fn frame_on(t: &'static str, channel: u32) -> impl Fn(&Received) -> bool {
+    move |r| {
+        r.frame_type() == Some(t)
+            && r.json().and_then(|v| v["channel"].as_u64()) == Some(channel as u64)
+    }
+}
+
+fn audit_of(action: &'static str, session: String) -> impl Fn(&Received) -> bool {
+    move |r| {
+        r.frame_type() == Some("audit")
+            && r.json().is_some_and(|v| {
+                v["event"]["action"] == action && v["event"]["session_id"] == session.as_str()
+            })
+    }
+}
+
+/// Waits until `channel`'s output on `stream` holds `needle`; returns the output.
+async fn wait_output(cp: &FakeCp, channel: u32, stream: u8, needle: &str) -> String {
+    let deadline = Instant::now() + OUTPUT_WAIT;
+    loop {
+        let out = String::from_utf8_lossy(&cp.output(channel, stream)).into_owned();
+        if out.contains(needle) {
+            return out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} on channel {channel} stream {stream}; output so far: {out:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `ps` in the agent's runtime container, through the test's own exec (not the manager's).
+async fn ps(client: &Client, ns: &str, pod: &str) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let params = AttachParams::default()
+        .container("runtime")
+        .stdout(true)
+        .stderr(false);
+    let mut p = pods.exec(pod, ["ps", "-o", "args"], &params).await.unwrap();
+    let mut out = String::new();
+    p.stdout().unwrap().read_to_string(&mut out).await.unwrap();
+    out
+}
+
+async fn wait_no_process(client: &Client, ns: &str, pod: &str, args: &str) {
+    wait_until(&format!("{args:?} to end in {pod}"), || async {
+        !ps(client, ns, pod).await.lines().any(|l| l.trim() == args)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_shell_echoes_resizes_and_reports_its_exit_code() {
+    require_node();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "sh-basic").await;
+    let cp = FakeCp::start().await;
+    let m = start(&ns.name, &cp, &[]);
+    active(&ns, "pilot").await;
+    let hello = cp
+        .wait_frame("hello", |r| r.frame_type() == Some("hello"))
+        .await;
+    assert!(
+        hello.json().unwrap()["capabilities"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("io"))
+    );
+    cp.wait_frame("snapshot", |r| r.frame_type() == Some("snapshot"))
+        .await;
+
+    // The default: /bin/sh with a PTY in the runtime container.
+    open(&cp, 7, target(&ns.name, "pilot"), None, true).await;
+    cp.wait_frame("io_opened 7", frame_on("io_opened", 7)).await;
+    let opened = cp
+        .wait_frame("session.open", audit_of("session.open", "sess-7".into()))
+        .await;
+    let ev = &opened.json().unwrap()["event"];
+    assert_eq!(ev["actor"], "alice@example.com");
+    assert_eq!(ev["target"]["pod"], "pilot");
+    assert_eq!(ev["target"]["container"], "runtime");
+    assert_eq!(ev["detail"]["command"], json!(["/bin/sh"]));
+
+    // The new size reaches the PTY (it lands asynchronously: ask until it shows).
+    cp.send(json!({"type": "io_resize", "channel": 7, "cols": 132, "rows": 43}))
+        .await;
+    let mut sent = 0;
+    let deadline = Instant::now() + OUTPUT_WAIT;
+    while !String::from_utf8_lossy(&cp.output(7, 1)).contains("43 132") {
+        assert!(
+            Instant::now() < deadline,
+            "stty never saw 43 132: {:?}",
+            String::from_utf8_lossy(&cp.output(7, 1))
+        );
+        stdin(&cp, 7, "stty size\n").await;
+        sent += "stty size\n".len();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // The quotes keep the PTY's echo of the input from matching.
+    let typed = "echo hel''lo; exit 3\n";
+    stdin(&cp, 7, typed).await;
+    sent += typed.len();
+    let close = cp.wait_frame("io_close 7", frame_on("io_close", 7)).await;
+    assert_eq!(close.json().unwrap()["exit_code"], 3);
+    assert_eq!(close.json().unwrap()["reason"], "exited");
+    let out = String::from_utf8_lossy(&cp.output(7, 1)).into_owned();
+    assert!(out.contains("hello\r\n"), "{out:?}");
+    assert!(
+        !out.contains("autonomic;pid="),
+        "the wrapper's marker leaked: {out:?}"
+    );
+
+    let closed = cp
+        .wait_frame("session.close", audit_of("session.close", "sess-7".into()))
+        .await;
+    let d = &closed.json().unwrap()["event"]["detail"];
+    assert_eq!(d["exit_code"], 3);
+    assert_eq!(d["bytes_in"], sent as u64);
+    assert_eq!(d["bytes_out"], cp.binary_bytes(7));
+    assert!(d["duration_ms"].as_u64().unwrap() > 0);
+
+    // Without a PTY, stdout and stderr are two streams; a clean exit is 0.
+    open(
+        &cp,
+        8,
+        target(&ns.name, "pilot"),
+        Some(&["sh", "-c", "echo to-out; echo to-err >&2"]),
+        false,
+    )
+    .await;
+    let close = cp.wait_frame("io_close 8", frame_on("io_close", 8)).await;
+    assert_eq!(close.json().unwrap()["exit_code"], 0);
+    assert_eq!(String::from_utf8_lossy(&cp.output(8, 1)), "to-out\n");
+    assert_eq!(String::from_utf8_lossy(&cp.output(8, 2)), "to-err\n");
+
+    // The agentlet container is allowed too.
+    let agentlet = json!({"namespace": ns.name, "agent": "pilot", "container": "agentlet"});
+    open(&cp, 9, agentlet, Some(&["sh", "-c", "exit 5"]), true).await;
+    let close = cp.wait_frame("io_close 9", frame_on("io_close", 9)).await;
+    assert_eq!(close.json().unwrap()["exit_code"], 5);
+    assert_eq!(cp.accepted(), 1, "the connection stayed up");
+    drop(m);
+}
+
+#[tokio::test]
+async fn a_flood_stalls_neither_other_sessions_nor_heartbeats_and_close_ends_it() {
+    require_node();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "sh-flood").await;
+    let cp = FakeCp::start().await;
+    cp.set_welcome(1, 300);
+    cp.set_binary_keep(64);
+    let m = start(&ns.name, &cp, &[]);
+    active(&ns, "busy").await;
+    cp.wait_frame("snapshot", |r| r.frame_type() == Some("snapshot"))
+        .await;
+
+    open(&cp, 1, target(&ns.name, "busy"), Some(&["yes"]), true).await;
+    open(&cp, 2, target(&ns.name, "busy"), None, true).await;
+    open(&cp, 3, target(&ns.name, "busy"), None, true).await;
+    for ch in 1..=3 {
+        cp.wait_frame("io_opened", frame_on("io_opened", ch)).await;
+    }
+    wait_until("the flood to pass 4 MiB", || async {
+        cp.binary_bytes(1) > 4 << 20
+    })
+    .await;
+
+    // While `yes` floods, the two other shells answer, each on its own channel.
+    let flood_start = cp.binary_bytes(1);
+    let since = Instant::now();
+    for round in 0..3 {
+        for ch in [2u32, 3] {
+            stdin(&cp, ch, &format!("echo r{round}-c{ch}-''ok\n")).await;
+        }
+        for ch in [2u32, 3] {
+            let other = 5 - ch;
+            let out = wait_output(&cp, ch, 1, &format!("r{round}-c{ch}-ok")).await;
+            assert!(!out.contains(&format!("c{other}-ok")), "channels mixed");
+        }
+    }
+    // Heartbeats keep leaving every second meanwhile.
+    wait_until("3 heartbeats during the flood", || async {
+        cp.frames()
+            .iter()
+            .filter(|f| f.at > since && f.frame_type() == Some("heartbeat"))
+            .count()
+            >= 3
+    })
+    .await;
+    let flooded = cp.binary_bytes(1) - flood_start;
+    assert!(flooded > 1 << 20, "the flood kept going: {flooded} bytes");
+    let hwm = vm_kib(m.pid(), "VmHWM");
+    eprintln!(
+        "flood: {} MiB through channel 1 so far, manager peak RSS {hwm} KiB",
+        cp.binary_bytes(1) >> 20
+    );
+    assert!(
+        hwm < 96 * 1024,
+        "manager memory grew with the flood: {hwm} KiB"
+    );
+
+    // io_close from the control plane ends the remote process, and the manager confirms.
+    cp.send(json!({"type": "io_close", "channel": 1})).await;
+    let close = cp.wait_frame("io_close 1", frame_on("io_close", 1)).await;
+    assert_eq!(
+        close.json().unwrap()["reason"],
+        "closed by the control plane"
+    );
+    let code = close.json().unwrap()["exit_code"].as_i64();
+    assert!(matches!(code, Some(129 | 137)), "exit code {code:?}");
+    wait_no_process(&client, &ns.name, "busy", "yes").await;
+    stdin(&cp, 2, "echo after-''flood\n").await;
+    wait_output(&cp, 2, 1, "after-flood").await;
+    assert_eq!(cp.accepted(), 1, "the connection never dropped");
+}
+
+#[tokio::test]
+async fn a_dropped_connection_ends_and_audits_every_exec() {
+    require_node();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "sh-drop").await;
+    let cp = FakeCp::start().await;
+    let mut m = start(&ns.name, &cp, &[]);
+    active(&ns, "held").await;
+    cp.wait_frame("snapshot", |r| r.frame_type() == Some("snapshot"))
+        .await;
+    open(
+        &cp,
+        1,
+        target(&ns.name, "held"),
+        Some(&["sleep", "3601"]),
+        true,
+    )
+    .await;
+    open(
+        &cp,
+        2,
+        target(&ns.name, "held"),
+        Some(&["sleep", "3602"]),
+        false,
+    )
+    .await;
+    for ch in [1, 2] {
+        cp.wait_frame("io_opened", frame_on("io_opened", ch)).await;
+    }
+    let running = ps(&client, &ns.name, "held").await;
+    assert!(
+        running.contains("sleep 3601") && running.contains("sleep 3602"),
+        "{running}"
+    );
+
+    cp.drop_connection().await;
+    wait_no_process(&client, &ns.name, "held", "sleep 3601").await;
+    wait_no_process(&client, &ns.name, "held", "sleep 3602").await;
+    // Audited, and delivered on the next connection.
+    for ch in [1, 2] {
+        let ev = cp
+            .wait_frame(
+                "session.close after the drop",
+                audit_of("session.close", format!("sess-{ch}")),
+            )
+            .await;
+        assert_eq!(ev.conn, 2);
+        let detail = ev.json().unwrap()["event"]["detail"].clone();
+        assert_eq!(detail["reason"], "connection to the control plane lost");
+        // Ended by the manager's SIGHUP (or the SIGKILL after it), not abandoned.
+        let code = detail["exit_code"].as_i64();
+        assert!(matches!(code, Some(129 | 137)), "exit code {code:?}");
+    }
+
+    // Shutdown ends sessions too, within the 5 s the manager has to exit.
+    open(
+        &cp,
+        3,
+        target(&ns.name, "held"),
+        Some(&["sleep", "3603"]),
+        true,
+    )
+    .await;
+    cp.wait_frame("io_opened 3", frame_on("io_opened", 3)).await;
+    let t = Instant::now();
+    assert_eq!(m.stop("TERM"), Some(0));
+    let took = t.elapsed();
+    eprintln!("shutdown with an open session took {took:?}");
+    assert!(took < Duration::from_secs(10), "shutdown took {took:?}");
+    wait_no_process(&client, &ns.name, "held", "sleep 3603").await;
+    assert!(
+        m.logs()
+            .lines()
+            .any(|l| l.contains("action=session.close") && l.contains("manager shutting down")),
+        "no audited close at shutdown"
+    );
+}
+
+#[tokio::test]
+async fn every_refusal_is_denied_audited_and_the_connection_stays() {
+    require_node();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "sh-deny").await;
+    let other = TestNamespace::new(&client, "sh-deny-other").await;
+    let cp = FakeCp::start().await;
+    let _m = start(&ns.name, &cp, &[("AUTONOMIC_MAX_SESSIONS", "1")]);
+    active(&ns, "open").await;
+    agent(&ns, "held", ", paused: true").await;
+    agent(&ns, "broken", ", tools: [missing]").await;
+    agent(&other, "open", "").await;
+    let bystander: Pod = yaml(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: bystander}}\nspec: {{containers: [{{name: runtime, image: '{BUSYBOX_IMAGE}', command: {IDLE}}}]}}"
+    ));
+    ns.api::<Pod>()
+        .create(&PostParams::default(), &bystander)
+        .await
+        .unwrap();
+    for (name, phase) in [("held", AgentPhase::Paused), ("broken", AgentPhase::Error)] {
+        wait_for(&ns.api::<Agent>(), name, "its phase", |a| {
+            a.status.as_ref().and_then(|s| s.phase) == Some(phase)
+        })
+        .await;
+    }
+    cp.wait_frame("snapshot", |r| r.frame_type() == Some("snapshot"))
+        .await;
+
+    let cases: [(u32, Value, Option<&[&str]>, &str); 6] = [
+        (10, target(&ns.name, "bystander"), None, "not found"),
+        (11, target(&other.name, "open"), None, "not watched"),
+        (
+            12,
+            json!({"namespace": ns.name, "agent": "open", "container": "sidecar"}),
+            None,
+            "not allowed",
+        ),
+        (13, target(&ns.name, "held"), None, "is paused"),
+        (14, target(&ns.name, "broken"), None, "is Error, not Active"),
+        (15, target(&ns.name, "open"), Some(&[]), "command is empty"),
+    ];
+    for (ch, t, cmd, why) in cases {
+        open(&cp, ch, t, cmd, true).await;
+        let close = cp
+            .wait_frame("io_close denied", frame_on("io_close", ch))
+            .await;
+        assert_eq!(close.json().unwrap()["reason"], "denied", "channel {ch}");
+        let ev = cp
+            .wait_frame(
+                "session.denied",
+                audit_of("session.denied", format!("sess-{ch}")),
+            )
+            .await;
+        let ev = &ev.json().unwrap()["event"];
+        assert_eq!(ev["actor"], "alice@example.com");
+        let reason = ev["detail"]["reason"].as_str().unwrap();
+        assert!(reason.contains(why), "channel {ch}: {reason:?}");
+    }
+
+    // One session is the cap: the second is refused.
+    open(&cp, 20, target(&ns.name, "open"), None, true).await;
+    cp.wait_frame("io_opened 20", frame_on("io_opened", 20))
+        .await;
+    open(&cp, 21, target(&ns.name, "open"), None, true).await;
+    let ev = cp
+        .wait_frame("cap", audit_of("session.denied", "sess-21".into()))
+        .await;
+    let reason = ev.json().unwrap()["event"]["detail"]["reason"].clone();
+    assert!(reason.as_str().unwrap().contains("too many shell sessions"));
+
+    // Protocol errors get `error` frames; none of them ends the connection.
+    let errors_before = count_errors(&cp);
+    open(&cp, 20, target(&ns.name, "open"), None, true).await;
+    cp.send_binary(vec![0, 0, 0, 99, 0, b'x']).await;
+    cp.send(json!({"type": "io_resize", "channel": 99, "cols": 1, "rows": 1}))
+        .await;
+    cp.send(json!({"type": "io_close", "channel": 99})).await;
+    cp.send_binary(vec![0, 0]).await;
+    cp.send_binary(vec![0, 0, 0, 20, 1, b'x']).await;
+    cp.send_binary(vec![0, 0, 0, 20, 9, b'x']).await;
+    cp.send(json!({"type": "io_open", "channel": 30})).await;
+    let expected = [
+        "channel_in_use",
+        "unknown_channel",
+        "unknown_channel",
+        "unknown_channel",
+        "bad_frame",
+        "bad_frame",
+        "bad_frame",
+        "bad_frame",
+    ];
+    wait_until("8 error frames", || async {
+        count_errors(&cp) >= errors_before + expected.len()
+    })
+    .await;
+    let codes: Vec<String> = cp
+        .frames()
+        .iter()
+        .filter(|f| f.frame_type() == Some("error"))
+        .skip(errors_before)
+        .map(|f| f.json().unwrap()["code"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(codes, expected);
+
+    // The open session still works, on the same connection.
+    stdin(&cp, 20, "echo still-''here\n").await;
+    wait_output(&cp, 20, 1, "still-here").await;
+    assert_eq!(cp.accepted(), 1);
+}
+
+fn count_errors(cp: &FakeCp) -> usize {
+    cp.frames()
+        .iter()
+        .filter(|f| f.frame_type() == Some("error"))
+        .count()
+}
+
+/// A `VmHWM`/`VmRSS` line of /proc/<pid>/status, in KiB.
+fn vm_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
