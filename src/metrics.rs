@@ -2,7 +2,7 @@
 //! metrics library would be more code than the handful of series we publish.
 
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use crate::crd::Kind;
 
@@ -10,6 +10,8 @@ use crate::crd::Kind;
 pub struct Metrics {
     reconciles: [AtomicU64; 4],
     reconcile_errors: [AtomicU64; 4],
+    /// This replica holds the Lease (always, without leader election) and reconciles.
+    pub leader: AtomicBool,
 }
 
 fn idx(kind: Kind) -> usize {

@@ -39,6 +39,10 @@ pub struct Link {
     pub frames_rejected: AtomicU64,
     /// Unix seconds of the last `welcome`, 0 before the first.
     pub last_welcome: AtomicU64,
+    /// Shell sessions open now.
+    pub sessions_open: AtomicU64,
+    /// Last heartbeat round-trip in ms; 0 = none yet.
+    pub heartbeat_rtt_ms: AtomicU64,
 }
 
 impl Link {
@@ -109,7 +113,7 @@ fn hello(ctx: &Context, boot_id: &str, kubernetes_version: &str) -> Frame {
 pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
     let config = ctx.config.clone();
     let link = ctx.link.clone();
-    let boot_id = crate::audit::uuid_v4();
+    let boot_id = crate::boot_id().to_owned();
     // Validated by the configuration parser (0 < initial <= max).
     let Ok(mut reconnect) = Reconnect::new(
         config.backoff_initial,
