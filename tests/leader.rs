@@ -1,0 +1,216 @@
+//! Leader election against the real API server: several managers in managed mode, one
+//! fake control plane. Only the leader reconciles and holds the connection; never two
+//! connections at once, across a SIGKILL of the leader (the successor waits for the
+//! Lease to expire) and a SIGTERM (the Lease is released, the successor takes over on
+//! its next retry). The measured takeover times are printed (`--no-capture`); the
+//! asserted bounds are the issue's, with room for a loaded machine.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use autonomic_manager::crd::{Runtime, RuntimePhase};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, PostParams};
+use serde_json::Value;
+use support::fake_cp::{FakeCp, Received};
+use support::*;
+
+const TOKEN: &str = "tok_live_5e1d7c9a2b4f6a80";
+const LEASE: &str = "autonomic-manager";
+
+fn elected_env(cp: &FakeCp, ns: &str, pod: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("AUTONOMIC_MANAGED", "true".into()),
+        ("AUTONOMIC_BASE_URL", cp.url()),
+        ("AUTONOMIC_AUTH_TOKEN", TOKEN.into()),
+        ("AUTONOMIC_BACKOFF_INITIAL_MS", "100".into()),
+        ("AUTONOMIC_BACKOFF_MAX_MS", "400".into()),
+        ("AUTONOMIC_LEADER_ELECTION", "true".into()),
+        ("POD_NAMESPACE", ns.into()),
+        ("POD_NAME", pod.into()),
+    ]
+}
+
+fn start(ns: &str, pod: &str, cp: &FakeCp) -> Manager {
+    let env = elected_env(cp, ns, pod);
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    Manager::start_as(ns, &format!("{ns}-{pod}"), &pairs)
+}
+
+/// Polls (every 20 ms, real time) until `n` upgrades were accepted; the time it took.
+async fn wait_accepted(cp: &FakeCp, n: usize, bound: Duration) -> Duration {
+    let start = Instant::now();
+    while cp.accepted() < n {
+        assert!(
+            start.elapsed() < bound,
+            "no connection #{n} within {bound:?} (accepted {})",
+            cp.accepted()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    start.elapsed()
+}
+
+async fn holder(leases: &Api<Lease>) -> String {
+    leases
+        .get(LEASE)
+        .await
+        .expect("the Lease")
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default()
+}
+
+fn hello_on(cp: &FakeCp, conn: usize) -> Value {
+    cp.frames()
+        .iter()
+        .find(|f| f.conn == conn && f.frame_type() == Some("hello"))
+        .and_then(Received::json)
+        .cloned()
+        .unwrap_or_else(|| panic!("no hello on connection {conn}"))
+}
+
+#[tokio::test]
+async fn one_leader_one_connection_across_kill_and_graceful_stop() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "leader").await;
+    let leases: Api<Lease> = ns.api();
+    let cp = FakeCp::start().await;
+
+    let mut a = start(&ns.name, "a", &cp);
+    cp.wait_frame("a's snapshot", |f| {
+        f.conn == 1 && f.frame_type() == Some("snapshot")
+    })
+    .await;
+    let b = start(&ns.name, "b", &cp);
+    // A standby is ready once its watches synced: it never connects.
+    b.wait_ready().await;
+    a.wait_ready().await;
+    assert_eq!(a.metric("autonomic_leader").await, 1.0);
+    assert_eq!(b.metric("autonomic_leader").await, 0.0);
+    // The Lease names the leader as `<pod>_<boot id>`, the boot id its hello carried.
+    let boot_a = hello_on(&cp, 1)["boot_id"].as_str().unwrap().to_owned();
+    assert_eq!(holder(&leases).await, format!("a_{boot_a}"));
+
+    // Only the leader reconciles; the standby's watches see the object all the same.
+    let rt: Runtime = yaml(
+        "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {name: base}\nspec: {image: 'img:1'}",
+    );
+    ns.api::<Runtime>()
+        .create(&PostParams::default(), &rt)
+        .await
+        .unwrap();
+    wait_for(&ns.api::<Runtime>(), "base", "Ready", |r: &Runtime| {
+        r.status.as_ref().and_then(|s| s.phase) == Some(RuntimePhase::Ready)
+    })
+    .await;
+    // The standby's watches queued it too; nobody works that queue.
+    wait_until("the standby's watch saw the Runtime", || async {
+        b.metric("autonomic_queue_depth").await >= 1.0
+    })
+    .await;
+    assert!(
+        a.metric("autonomic_reconciles_total{kind=\"Runtime\"}")
+            .await
+            >= 1.0
+    );
+    let standby_reconciles = [
+        "autonomic_reconciles_total{kind=\"Agent\"}",
+        "autonomic_reconciles_total{kind=\"Tool\"}",
+        "autonomic_reconciles_total{kind=\"Runtime\"}",
+        "autonomic_reconciles_total{kind=\"Memory\"}",
+    ];
+    for series in standby_reconciles {
+        assert_eq!(
+            b.metric(series).await,
+            0.0,
+            "the standby reconciled: {series}"
+        );
+    }
+    assert_eq!(cp.accepted(), 1, "the standby dialled");
+
+    // SIGKILL: nothing is released; the standby waits out the lease duration.
+    a.stop("KILL");
+    let after_kill = wait_accepted(&cp, 2, Duration::from_secs(15 + 5)).await;
+    eprintln!("takeover after SIGKILL of the leader: {after_kill:?}");
+    // Never before the Lease could have expired: the last renewal was at most one
+    // retry period (2 s) before the kill.
+    assert!(
+        after_kill >= Duration::from_secs(15 - 2),
+        "took over a Lease that had not expired: {after_kill:?}"
+    );
+    cp.wait_frame("b's snapshot", |f| {
+        f.conn == 2 && f.frame_type() == Some("snapshot")
+    })
+    .await;
+    b.wait_ready().await;
+    assert_eq!(b.metric("autonomic_leader").await, 1.0);
+    let boot_b = hello_on(&cp, 2)["boot_id"].as_str().unwrap().to_owned();
+    assert_eq!(holder(&leases).await, format!("b_{boot_b}"));
+
+    // SIGTERM: the leader closes with 1000, releases, exits 0; a standby takes over.
+    let mut b = b;
+    let c = start(&ns.name, "c", &cp);
+    c.wait_ready().await;
+    assert_eq!(c.metric("autonomic_leader").await, 0.0);
+    let t = Instant::now();
+    let code = b.stop("TERM");
+    let exit = t.elapsed();
+    assert_eq!(code, Some(0), "{}", b.logs());
+    assert!(exit < Duration::from_secs(5), "exit took {exit:?}");
+    let after_term = t.elapsed() + wait_accepted(&cp, 3, Duration::from_secs(6)).await;
+    eprintln!("leader exit after SIGTERM: {exit:?}; takeover after SIGTERM: {after_term:?}");
+    assert!(
+        cp.frames().iter().any(|f| f.conn == 2
+            && f.kind == support::fake_cp::ReceivedKind::Close(Some((1000, "shutdown".into())))),
+        "the leader did not close with 1000"
+    );
+    cp.wait_frame("c's snapshot", |f| {
+        f.conn == 3 && f.frame_type() == Some("snapshot")
+    })
+    .await;
+    let boot_c = hello_on(&cp, 3)["boot_id"].as_str().unwrap().to_owned();
+    assert_eq!(holder(&leases).await, format!("c_{boot_c}"));
+
+    assert_eq!(
+        cp.max_connections(),
+        1,
+        "two connections were open at the same time"
+    );
+    assert_eq!(cp.accepted(), 3);
+}
+
+#[tokio::test]
+async fn a_leader_that_loses_its_lease_disconnects_and_exits() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "leader-lost").await;
+    let leases: Api<Lease> = ns.api();
+    let cp = FakeCp::start().await;
+    let mut a = start(&ns.name, "a", &cp);
+    cp.wait_frame("snapshot", |f| f.frame_type() == Some("snapshot"))
+        .await;
+    assert!(cp.connected());
+
+    // Someone else writes itself into the Lease (as a partitioned peer might).
+    // Retried on 409: the leader renews every 2 s.
+    wait_until("the Lease overwritten", || async {
+        let mut lease = leases.get(LEASE).await.unwrap();
+        let spec = lease.spec.as_mut().unwrap();
+        spec.holder_identity = Some("intruder".into());
+        spec.lease_duration_seconds = Some(60);
+        leases
+            .replace(LEASE, &PostParams::default(), &lease)
+            .await
+            .is_ok()
+    })
+    .await;
+    let t = Instant::now();
+    let code = a.wait_exit(Duration::from_secs(10));
+    eprintln!("exit after the Lease was taken: {:?}", t.elapsed());
+    assert_eq!(code, Some(1), "{}", a.logs());
+    assert!(!cp.connected(), "the connection outlived the leadership");
+    assert!(a.logs().contains("leadership lost"), "{}", a.logs());
+    // It did not take the Lease back on its way out.
+    assert_eq!(holder(&leases).await, "intruder");
+}
