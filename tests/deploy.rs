@@ -121,6 +121,12 @@ async fn manager_runs_as_a_pod_from_deploy_yaml() {
             ),
         )
         .replace("ghcr.io/autonomic-sh/agentlet:0.1.0", AGENTLET_IMAGE);
+    // scripts/test loads the image under deploy.yaml's name; a run beside others on a
+    // shared test bed may load its own build under another name.
+    let manifest = match std::env::var("AUTONOMIC_TEST_MANAGER_IMAGE") {
+        Ok(image) => manifest.replace("ghcr.io/autonomic-sh/autonomic-manager:0.1.0", &image),
+        Err(_) => manifest,
+    };
     let (ok, out) = kubectl(&["apply", "-f", "-"], Some(&manifest));
     assert!(ok, "apply failed:\n{out}");
 
