@@ -30,8 +30,9 @@ impl Metrics {
         self.reconciles[idx(kind)].load(Relaxed)
     }
 
-    /// The exposition text; `gauges` are sampled by the caller at scrape time.
-    pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
+    /// The exposition text; `series` are sampled by the caller at scrape time. A name
+    /// ending in `_total` is a counter (Prometheus naming), any other a gauge.
+    pub fn render(&self, series: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
         let per_kind = [
             (
@@ -55,10 +56,15 @@ impl Metrics {
                 );
             }
         }
-        for (name, help, value) in gauges {
+        for (name, help, value) in series {
+            let kind = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
             );
         }
         out
