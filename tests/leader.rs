@@ -214,3 +214,110 @@ async fn a_leader_that_loses_its_lease_disconnects_and_exits() {
     // It did not take the Lease back on its way out.
     assert_eq!(holder(&leases).await, "intruder");
 }
+
+/// A TCP forwarder to `target` that the test can turn into a black hole: after `cut`,
+/// every connection, old or new, stays open and silent (a partition, not a reset).
+async fn cuttable_proxy(target: String) -> (u16, tokio::sync::watch::Sender<bool>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (cut, cut_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut inbound, _)) = listener.accept().await else {
+                continue;
+            };
+            let mut cut_rx = cut_rx.clone();
+            let target = target.clone();
+            tokio::spawn(async move {
+                if !*cut_rx.borrow() {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => return,
+                        _ = cut_rx.wait_for(|c| *c) => {}
+                    }
+                    // Hold both sockets, silent, until the test ends.
+                    std::future::pending::<()>().await;
+                    drop(outbound);
+                }
+                std::future::pending::<()>().await;
+                drop(inbound);
+            });
+        }
+    });
+    (port, cut)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_api_server_disconnects_before_anyone_takes_over() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "leader-cut").await;
+    let cp = FakeCp::start().await;
+
+    // Leader A reaches the API server through a proxy the test can cut; B directly.
+    let kubeconfig = std::fs::read_to_string(std::env::var("KUBECONFIG").unwrap()).unwrap();
+    let server = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://"))
+        .expect("server in the kubeconfig")
+        .to_owned();
+    let (port, cut) = cuttable_proxy(server.clone()).await;
+    let proxied = log_dir().join(format!("{}.kubeconfig", ns.name));
+    std::fs::write(
+        &proxied,
+        kubeconfig.replace(
+            &format!("server: https://{server}"),
+            &format!("server: https://127.0.0.1:{port}"),
+        ),
+    )
+    .unwrap();
+    let mut env = elected_env(&cp, &ns.name, "a");
+    env.push(("KUBECONFIG", proxied.display().to_string()));
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut a = Manager::start_as(&ns.name, &format!("{}-a", ns.name), &pairs);
+    cp.wait_frame("a's snapshot", |f| {
+        f.conn == 1 && f.frame_type() == Some("snapshot")
+    })
+    .await;
+    let b = start(&ns.name, "b", &cp);
+    b.wait_ready().await;
+    assert_eq!(b.metric("autonomic_leader").await, 0.0);
+
+    // Partition: A can no longer renew. It must drop its connection before B, which
+    // still sees the API server, may take the Lease over.
+    let t = Instant::now();
+    cut.send(true).unwrap();
+    let mut a_closed = None;
+    while cp.accepted() < 2 {
+        if a_closed.is_none() && !cp.connected() {
+            a_closed = Some(t.elapsed());
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(40),
+            "no takeover within 40 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let b_connected = t.elapsed();
+    let a_closed = a_closed.expect("B connected while A's connection was still open");
+    eprintln!(
+        "partitioned leader closed its connection after {a_closed:?}; successor connected after {b_connected:?}"
+    );
+    // Renew deadline 10 s after the last renewal (at most 2 s before the cut), plus
+    // the close; before the Lease could expire for B (15 s after it last saw it renewed).
+    assert!(a_closed < Duration::from_secs(10 + 4), "{a_closed:?}");
+    assert!(a_closed < b_connected);
+    assert_eq!(cp.max_connections(), 1, "two connections at once");
+    assert_eq!(
+        a.wait_exit(Duration::from_secs(10)),
+        Some(1),
+        "{}",
+        a.logs()
+    );
+    assert!(a.logs().contains("renew deadline"), "{}", a.logs());
+    cp.wait_frame("b's snapshot", |f| {
+        f.conn == 2 && f.frame_type() == Some("snapshot")
+    })
+    .await;
+}
