@@ -256,26 +256,7 @@ async fn a_leader_cut_off_from_the_api_server_disconnects_before_anyone_takes_ov
     let cp = FakeCp::start().await;
 
     // Leader A reaches the API server through a proxy the test can cut; B directly.
-    let kubeconfig = std::fs::read_to_string(std::env::var("KUBECONFIG").unwrap()).unwrap();
-    let server = kubeconfig
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: https://"))
-        .expect("server in the kubeconfig")
-        .to_owned();
-    let (port, cut) = cuttable_proxy(server.clone()).await;
-    let proxied = log_dir().join(format!("{}.kubeconfig", ns.name));
-    std::fs::write(
-        &proxied,
-        kubeconfig.replace(
-            &format!("server: https://{server}"),
-            &format!("server: https://127.0.0.1:{port}"),
-        ),
-    )
-    .unwrap();
-    let mut env = elected_env(&cp, &ns.name, "a");
-    env.push(("KUBECONFIG", proxied.display().to_string()));
-    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut a = Manager::start_as(&ns.name, &format!("{}-a", ns.name), &pairs);
+    let (mut a, cut) = proxied_leader(&ns.name, "a", &cp).await;
     cp.wait_frame("a's snapshot", |f| {
         f.conn == 1 && f.frame_type() == Some("snapshot")
     })
@@ -320,4 +301,86 @@ async fn a_leader_cut_off_from_the_api_server_disconnects_before_anyone_takes_ov
         f.conn == 2 && f.frame_type() == Some("snapshot")
     })
     .await;
+}
+
+/// A manager reaching the API server through a proxy the test can cut (see
+/// [`cuttable_proxy`]), started and leading; with the switch that cuts it.
+async fn proxied_leader(
+    ns: &str,
+    name: &str,
+    cp: &FakeCp,
+) -> (Manager, tokio::sync::watch::Sender<bool>) {
+    let kubeconfig = std::fs::read_to_string(std::env::var("KUBECONFIG").unwrap()).unwrap();
+    let server = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://"))
+        .expect("server in the kubeconfig")
+        .to_owned();
+    let (port, cut) = cuttable_proxy(server.clone()).await;
+    let proxied = log_dir().join(format!("{ns}-{name}.kubeconfig"));
+    std::fs::write(
+        &proxied,
+        kubeconfig.replace(
+            &format!("server: https://{server}"),
+            &format!("server: https://127.0.0.1:{port}"),
+        ),
+    )
+    .unwrap();
+    let mut env = elected_env(cp, ns, name);
+    env.push(("KUBECONFIG", proxied.display().to_string()));
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut m = Manager::start_as(ns, &format!("{ns}-{name}"), &pairs);
+    m.wait_log("acquired the Lease", Duration::from_secs(30));
+    (m, cut)
+}
+
+fn signal(m: &Manager, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([format!("-{sig}"), m.pid().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{sig}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_is_bounded_and_a_second_signal_exits_at_once() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "leader-stop").await;
+    let cp = FakeCp::start().await;
+
+    // With the API server unreachable, releasing the Lease cannot complete: the
+    // shutdown still ends, with 0, within 5 s.
+    let (mut a, cut_a) = proxied_leader(&ns.name, "a", &cp).await;
+    cut_a.send(true).unwrap();
+    let t = Instant::now();
+    signal(&a, "TERM");
+    assert_eq!(a.wait_exit(Duration::from_secs(5)), Some(0), "{}", a.logs());
+    eprintln!(
+        "shutdown with the API server unreachable: {:?}",
+        t.elapsed()
+    );
+    assert!(
+        a.logs().contains("releasing the Lease timed out"),
+        "{}",
+        a.logs()
+    );
+
+    // The same stuck shutdown, and a second signal: out at once. (A namespace of its
+    // own: A's Lease, never released, would keep B standing by for 15 s.)
+    let ns_b = TestNamespace::new(&client, "leader-stop-b").await;
+    let (mut b, cut_b) = proxied_leader(&ns_b.name, "b", &cp).await;
+    cut_b.send(true).unwrap();
+    signal(&b, "TERM");
+    b.wait_log("a second signal exits at once", Duration::from_secs(5));
+    let t = Instant::now();
+    signal(&b, "INT");
+    let code = b.wait_exit(Duration::from_secs(5));
+    eprintln!("exit after the second signal: {:?}", t.elapsed());
+    assert_eq!(code, Some(130), "{}", b.logs());
+    assert!(
+        !b.logs().contains("releasing the Lease timed out"),
+        "{}",
+        b.logs()
+    );
 }
