@@ -282,6 +282,15 @@ impl Config {
                     .collect()
             })
             .unwrap_or_default();
+        let leader_election = flag("AUTONOMIC_LEADER_ELECTION", false)?;
+        // The Lease lives in the manager's own namespace; guessing one could make two
+        // installs elect in different places and both lead.
+        if leader_election && var("POD_NAMESPACE").is_none() {
+            return Err(ConfigError::Invalid {
+                var: "POD_NAMESPACE",
+                reason: "AUTONOMIC_LEADER_ELECTION=true needs the namespace of the leader Lease; set POD_NAMESPACE (the downward API's metadata.namespace)".into(),
+            });
+        }
         let pod_namespace = var("POD_NAMESPACE").unwrap_or_else(|| "default".into());
         let pod_name = var("POD_NAME")
             .or_else(|| var("HOSTNAME"))
@@ -314,7 +323,7 @@ impl Config {
             agentlet_image: var("AUTONOMIC_AGENTLET_IMAGE"),
             namespaces,
             probe_addr,
-            leader_election: flag("AUTONOMIC_LEADER_ELECTION", false)?,
+            leader_election,
             log_filter: var("AUTONOMIC_LOG").unwrap_or_else(|| "info".into()),
             log_format,
             pod_namespace,
@@ -365,6 +374,13 @@ mod tests {
         assert_eq!(c.welcome_timeout, Duration::from_secs(10));
         assert!(c.namespaces.is_empty());
         assert!(c.watches("anything"));
+        assert!(!c.leader_election);
+        let c = parse(&[
+            ("AUTONOMIC_LEADER_ELECTION", "true"),
+            ("POD_NAMESPACE", "autonomic-system"),
+        ])
+        .unwrap();
+        assert!(c.leader_election);
     }
 
     #[test]
@@ -400,6 +416,11 @@ mod tests {
                 "AUTONOMIC_PROBE_ADDR",
             ),
             (&[("AUTONOMIC_LOG_FORMAT", "xml")], "AUTONOMIC_LOG_FORMAT"),
+            (&[("AUTONOMIC_LEADER_ELECTION", "true")], "POD_NAMESPACE"),
+            (
+                &[("AUTONOMIC_LEADER_ELECTION", "sometimes")],
+                "AUTONOMIC_LEADER_ELECTION",
+            ),
         ];
         for (vars, needle) in cases {
             let err = parse(vars).expect_err(needle).to_string();

@@ -73,7 +73,9 @@ fn readiness(ctx: &Context) -> Result<(), &'static str> {
     if !ctx.synced.is_synced() {
         return Err("watches not synced");
     }
-    if ctx.config.managed && !ctx.link.connected.load(Relaxed) {
+    // A standby never connects; it is ready once warm, or a Deployment of two replicas
+    // would never finish rolling out.
+    if ctx.config.managed && ctx.metrics.leader.load(Relaxed) && !ctx.link.connected.load(Relaxed) {
         return Err("not connected to the control plane");
     }
     Ok(())
@@ -87,6 +89,21 @@ fn metrics(ctx: &Context) -> String {
             "autonomic_connected",
             "1 while the control-plane session is up.",
             f64::from(u8::from(link.connected.load(Relaxed))),
+        ),
+        (
+            "autonomic_leader",
+            "1 while this replica holds the leader Lease and reconciles.",
+            f64::from(u8::from(ctx.metrics.leader.load(Relaxed))),
+        ),
+        (
+            "autonomic_shell_sessions_open",
+            "Shell sessions open now.",
+            n(&link.sessions_open),
+        ),
+        (
+            "autonomic_heartbeat_rtt_seconds",
+            "Round trip of the WebSocket ping sent with the last heartbeat (0 before the first).",
+            n(&link.heartbeat_rtt_us) / 1e6,
         ),
         (
             "autonomic_last_welcome_timestamp_seconds",

@@ -7,15 +7,24 @@ pub mod config;
 pub mod connect;
 pub mod crd;
 pub mod health;
+pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use config::Config;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// This process's boot id, drawn once: `hello` and the Lease identity carry the same.
+pub fn boot_id() -> &'static str {
+    static BOOT_ID: OnceLock<String> = OnceLock::new();
+    BOOT_ID.get_or_init(audit::uuid_v4)
+}
 
 /// Why the manager stopped or a step failed.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +45,8 @@ pub enum Error {
     },
     #[error("a critical task ended: {0}")]
     TaskEnded(String),
+    #[error("lost leadership: {0}")]
+    LostLease(#[from] leader::Lost),
 }
 
 impl Error {
@@ -44,6 +55,62 @@ impl Error {
             context: context.into(),
             source,
         }
+    }
+}
+
+/// What runs only while this replica leads: the reconcile workers and the connector.
+struct Term {
+    workers: tokio::task::JoinSet<()>,
+    stop: tokio::sync::watch::Sender<bool>,
+    connector: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Term {
+    fn start(ctx: &Arc<reconcile::Context>) -> Term {
+        ctx.metrics.leader.store(true, Relaxed);
+        let mut workers = tokio::task::JoinSet::new();
+        reconcile::spawn_workers(ctx, &mut workers);
+        // The standby's watches queued what they saw; a resync covers anything else.
+        ctx.queue_all();
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let connector = ctx
+            .config
+            .managed
+            .then(|| tokio::spawn(connect::run(ctx.clone(), stopping)));
+        Term {
+            workers,
+            stop,
+            connector,
+        }
+    }
+
+    /// Stops writing at once, then closes the connection (1000), bounded by `within`.
+    async fn end(mut self, ctx: &reconcile::Context, within: Duration) {
+        self.workers.abort_all();
+        let _ = self.stop.send(true);
+        if let Some(mut connector) = self.connector.take()
+            && tokio::time::timeout(within, &mut connector).await.is_err()
+        {
+            // Dropping the socket closes it without the close handshake.
+            connector.abort();
+            let _ = connector.await;
+        }
+        ctx.link.connected.store(false, Relaxed);
+        ctx.metrics.leader.store(false, Relaxed);
+    }
+}
+
+/// Completes when the election changes this replica's role: won (standby) or lost
+/// (leading). Without election, wins at once and then never completes.
+async fn elect(elector: &mut Option<leader::Elector>, leading: bool) -> Option<leader::Lost> {
+    match (elector, leading) {
+        (None, false) => None,
+        (None, true) => std::future::pending().await,
+        (Some(e), false) => {
+            e.acquire().await;
+            None
+        }
+        (Some(e), true) => Some(e.hold().await),
     }
 }
 
@@ -83,25 +150,46 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     } else {
         Arc::new(|_| {})
     };
+    // Watches and caches always run: a standby is warm and takes over fast.
     reconcile::spawn_watches(&ctx, notify, &mut tasks);
-    reconcile::spawn_workers(&ctx, &mut tasks);
-    let (stop, stopping) = tokio::sync::watch::channel(false);
-    let connector = config
-        .managed
-        .then(|| tokio::spawn(connect::run(ctx.clone(), stopping)));
+    let mut elector = config.leader_election.then(|| {
+        let identity = format!("{}_{}", config.pod_name, boot_id());
+        tracing::info!(%identity, namespace = %config.pod_namespace, lease = leader::LEASE_NAME, "leader election on");
+        leader::Elector::new(ctx.client.clone(), &config.pod_namespace, identity)
+    });
     let health = health::serve(listener, ctx.clone());
     tokio::pin!(health);
     tokio::pin!(shutdown);
 
-    let result = tokio::select! {
-        () = &mut shutdown => Ok(()),
-        r = &mut health => Err(Error::Probe { addr: probe_addr, source: r.err().unwrap_or_else(|| std::io::Error::other("stopped")) }),
-        Some(r) = tasks.join_next() => Err(Error::TaskEnded(format!("{r:?}"))),
+    let mut term: Option<Term> = None;
+    let result = loop {
+        tokio::select! {
+            () = &mut shutdown => break Ok(()),
+            r = &mut health => break Err(Error::Probe { addr: probe_addr, source: r.err().unwrap_or_else(|| std::io::Error::other("stopped")) }),
+            Some(r) = tasks.join_next() => break Err(Error::TaskEnded(format!("{r:?}"))),
+            lost = elect(&mut elector, term.is_some()) => match lost {
+                None => term = Some(Term::start(&ctx)),
+                Some(lost) => break Err(Error::LostLease(lost)),
+            },
+        }
     };
-    // Shutdown is one path: the connector closes its socket with 1000, bounded in time.
-    let _ = stop.send(true);
-    if let Some(connector) = connector {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(4), connector).await;
+    // One shutdown path: stop writing, close the socket with 1000, then release the
+    // Lease (so the successor never overlaps this connection), all within 5 s.
+    // Leadership lost: stop at once and exit non-zero; the kubelet restarts the
+    // container as a fresh standby (what controller-runtime does).
+    let lost = matches!(result, Err(Error::LostLease(_)));
+    if let Some(term) = term.take() {
+        if lost {
+            tracing::error!(
+                "leadership lost: stopped reconciling; closing the control-plane connection"
+            );
+        }
+        let within = Duration::from_secs(if lost { 2 } else { 3 });
+        term.end(&ctx, within).await;
+    }
+    // Also as a standby: a shutdown may have cut short an acquire the server applied.
+    if !lost && let Some(elector) = elector.as_mut() {
+        elector.release().await;
     }
     tasks.abort_all();
     tracing::info!("autonomic-manager stopped");

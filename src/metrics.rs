@@ -2,7 +2,7 @@
 //! metrics library would be more code than the handful of series we publish.
 
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use crate::crd::Kind;
 
@@ -10,6 +10,8 @@ use crate::crd::Kind;
 pub struct Metrics {
     reconciles: [AtomicU64; 4],
     reconcile_errors: [AtomicU64; 4],
+    /// This replica holds the Lease (always, without leader election) and reconciles.
+    pub leader: AtomicBool,
 }
 
 fn idx(kind: Kind) -> usize {
@@ -28,8 +30,9 @@ impl Metrics {
         self.reconciles[idx(kind)].load(Relaxed)
     }
 
-    /// The exposition text; `gauges` are sampled by the caller at scrape time.
-    pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
+    /// The exposition text; `series` are sampled by the caller at scrape time. A name
+    /// ending in `_total` is a counter (Prometheus naming), any other a gauge.
+    pub fn render(&self, series: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
         let per_kind = [
             (
@@ -53,10 +56,15 @@ impl Metrics {
                 );
             }
         }
-        for (name, help, value) in gauges {
+        for (name, help, value) in series {
+            let kind = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
             );
         }
         out

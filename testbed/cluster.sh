@@ -25,6 +25,7 @@
 #   AUTONOMIC_TESTBED_POD_CIDR       [10.241.0.0/24]  AUTONOMIC_TESTBED_SERVICE_CIDR [10.242.0.0/24]
 #   AUTONOMIC_TESTBED_TIMEOUT        seconds to wait for readiness [120]
 #   AUTONOMIC_TESTBED_KEEP_ON_FAILURE=1  leave components running after a failed up
+#   AUTONOMIC_TESTBED_APISERVER_ARGS extra kube-apiserver flags, space-separated
 #   KUBEBUILDER_ASSETS               dir with etcd, kube-apiserver (and kubectl)
 set -euo pipefail
 
@@ -363,6 +364,12 @@ start_apiserver() {
         # Like envtest: no controller-manager creates ServiceAccounts/tokens.
         args+=(--bind-address 127.0.0.1 --advertise-address 127.0.0.1
             --disable-admission-plugins ServiceAccount)
+    fi
+    # Extra flags, for a private bed (tests/deploy.rs adds PodSecurityPolicy admission).
+    if [[ -n "${AUTONOMIC_TESTBED_APISERVER_ARGS:-}" ]]; then
+        local extra
+        read -ra extra <<<"$AUTONOMIC_TESTBED_APISERVER_ARGS"
+        args+=("${extra[@]}")
     fi
     start_proc kube-apiserver "$APISERVER_BIN" "${args[@]}"
 }

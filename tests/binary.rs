@@ -72,6 +72,8 @@ fn commands_and_bad_configuration() {
         vec![("AUTONOMIC_BASE_URL", "not a url")],
         vec![("AUTONOMIC_BASE_URL", "http://cp.example.com")],
         vec![("AUTONOMIC_TRANSPORT", "carrier-pigeon")],
+        // Leader election needs the Lease's namespace.
+        vec![("AUTONOMIC_LEADER_ELECTION", "true")],
     ] {
         let out = Command::new(BIN)
             .env_clear()

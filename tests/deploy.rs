@@ -8,6 +8,8 @@ use std::process::Command;
 
 use autonomic_manager::crd::{Agent, AgentPhase};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use support::*;
 
@@ -37,13 +39,38 @@ fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String) {
     (out.status.success(), text)
 }
 
+const PDB_V1: &str = "apiVersion: policy/v1\nkind: PodDisruptionBudget";
+
 /// deploy.yaml with its namespace renamed to `ns`, so tests neither need nor disturb
-/// `autonomic-system`.
+/// `autonomic-system`. deploy.yaml ships the PodDisruptionBudget as policy/v1 (what
+/// Kubernetes >= 1.21 serves, and >= 1.25 only); for a server without it (the 1.20
+/// test bed) it becomes policy/v1beta1, whose fields are the same.
 fn manifest_in(ns: &str) -> String {
     let text = std::fs::read_to_string(DEPLOY).unwrap();
     assert!(text.contains("namespace: autonomic-system"));
-    text.replace("name: autonomic-system\n", &format!("name: {ns}\n"))
-        .replace("namespace: autonomic-system", &format!("namespace: {ns}"))
+    assert!(text.contains(PDB_V1), "deploy.yaml lost its policy/v1 PDB");
+    let text = text
+        .replace("name: autonomic-system\n", &format!("name: {ns}\n"))
+        .replace("namespace: autonomic-system", &format!("namespace: {ns}"));
+    let (ok, versions) = kubectl(&["api-versions"], None);
+    assert!(ok, "kubectl api-versions: {versions}");
+    if versions.lines().any(|l| l == "policy/v1") {
+        text
+    } else {
+        text.replace(
+            PDB_V1,
+            "apiVersion: policy/v1beta1\nkind: PodDisruptionBudget",
+        )
+    }
+}
+
+/// The documents of deploy.yaml, parsed.
+fn documents() -> Vec<serde_json::Value> {
+    std::fs::read_to_string(DEPLOY)
+        .unwrap()
+        .split("\n---\n")
+        .filter_map(|doc| serde_saphyr::from_str::<Option<serde_json::Value>>(doc).unwrap())
+        .collect()
 }
 
 #[tokio::test]
@@ -61,7 +88,11 @@ async fn deploy_yaml_passes_a_server_side_dry_run() {
         "serviceaccount/autonomic-manager",
         "clusterrole.rbac.authorization.k8s.io/autonomic-manager",
         "clusterrolebinding.rbac.authorization.k8s.io/autonomic-manager",
+        "role.rbac.authorization.k8s.io/autonomic-manager-leader-election",
+        "rolebinding.rbac.authorization.k8s.io/autonomic-manager-leader-election",
+        "poddisruptionbudget.policy/autonomic-manager",
         "deployment.apps/autonomic-manager",
+        &format!("namespace/{}", ns.name),
     ] {
         assert!(out.contains(what), "{what} missing from:\n{out}");
     }
@@ -90,18 +121,51 @@ async fn manager_runs_as_a_pod_from_deploy_yaml() {
             ),
         )
         .replace("ghcr.io/autonomic-sh/agentlet:0.1.0", AGENTLET_IMAGE);
+    // scripts/test loads the image under deploy.yaml's name; a run beside others on a
+    // shared test bed may load its own build under another name.
+    let manifest = match std::env::var("AUTONOMIC_TEST_MANAGER_IMAGE") {
+        Ok(image) => manifest.replace("ghcr.io/autonomic-sh/autonomic-manager:0.1.0", &image),
+        Err(_) => manifest,
+    };
     let (ok, out) = kubectl(&["apply", "-f", "-"], Some(&manifest));
     assert!(ok, "apply failed:\n{out}");
 
+    // Both replicas become ready: the standby too, though it never reconciles.
     let deployments: Api<Deployment> = home.api();
     wait_for(&deployments, "autonomic-manager", "available", |d| {
         d.status
             .as_ref()
             .and_then(|s| s.available_replicas)
             .unwrap_or(0)
-            >= 1
+            >= 2
     })
     .await;
+    // One of them holds the Lease in its own namespace.
+    let pods: Vec<String> = Api::<Pod>::namespaced(client.clone(), &home.name)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    let lease = wait_for(
+        &home.api::<Lease>(),
+        "autonomic-manager",
+        "held",
+        |l: &Lease| {
+            l.spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+                .is_some_and(|h| !h.is_empty())
+        },
+    )
+    .await;
+    let holder = lease.spec.unwrap().holder_identity.unwrap();
+    let leader = pods
+        .iter()
+        .find(|p| holder.starts_with(&format!("{p}_")))
+        .unwrap_or_else(|| panic!("the Lease holder {holder:?} is none of the pods {pods:?}"));
 
     let agents: Api<Agent> = ns.api();
     let a: Agent = yaml(&format!(
@@ -114,13 +178,218 @@ async fn manager_runs_as_a_pod_from_deploy_yaml() {
     .await;
     assert_eq!(a.status.unwrap().observed_generation, a.metadata.generation);
 
-    let (_, logs) = kubectl(
-        &["-n", &home.name, "logs", "deployment/autonomic-manager"],
-        None,
-    );
+    let (_, logs) = kubectl(&["-n", &home.name, "logs", leader], None);
     assert!(
         logs.lines()
             .any(|l| l.starts_with('{') && l.contains("\"phase\":\"Active\"")),
         "json logs expected:\n{logs}"
     );
+}
+
+/// A PodSecurityPolicy encoding the restricted Pod Security Standard, as far as PSP
+/// can: Kubernetes 1.20 has no PodSecurity admission, so the namespace label
+/// `pod-security.kubernetes.io/enforce: restricted` is inert there; PSP admission is
+/// the 1.20 mechanism that refuses pods. (PSP also mutates: a missing field can be
+/// filled in rather than refused, so the test also checks nothing was filled in.)
+const RESTRICTED_PSP: &str = r#"
+apiVersion: policy/v1beta1
+kind: PodSecurityPolicy
+metadata:
+  name: restricted
+  annotations:
+    seccomp.security.alpha.kubernetes.io/allowedProfileNames: runtime/default
+spec:
+  privileged: false
+  allowPrivilegeEscalation: false
+  defaultAllowPrivilegeEscalation: false
+  requiredDropCapabilities: ["ALL"]
+  volumes: [configMap, emptyDir, projected, secret, downwardAPI, csi, persistentVolumeClaim, ephemeral]
+  hostNetwork: false
+  hostIPC: false
+  hostPID: false
+  runAsUser: {rule: MustRunAsNonRoot}
+  seLinux: {rule: RunAsAny}
+  # The restricted Pod Security Standard does not constrain groups.
+  supplementalGroups: {rule: RunAsAny}
+  fsGroup: {rule: RunAsAny}
+"#;
+
+/// An apiserver-only test bed of its own (etcd + kube-apiserver with PodSecurityPolicy
+/// admission) on free ports; taken down on drop.
+struct PrivateBed {
+    dir: String,
+    env: Vec<(&'static str, String)>,
+}
+
+impl PrivateBed {
+    fn up(extra_apiserver_args: &str) -> PrivateBed {
+        let ports: Vec<u16> = (0..3)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect::<Vec<_>>()
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
+        let dir = format!("/tmp/autonomic-psp-bed-{}", ports[0]);
+        let env = vec![
+            ("AUTONOMIC_TESTBED_DIR", dir.clone()),
+            ("AUTONOMIC_TESTBED_APISERVER_PORT", ports[0].to_string()),
+            ("AUTONOMIC_TESTBED_ETCD_PORT", ports[1].to_string()),
+            ("AUTONOMIC_TESTBED_ETCD_PEER_PORT", ports[2].to_string()),
+            (
+                "AUTONOMIC_TESTBED_APISERVER_ARGS",
+                extra_apiserver_args.into(),
+            ),
+        ];
+        let bed = PrivateBed { dir, env };
+        let out = bed.cluster(&["up", "--apiserver-only"]);
+        assert!(
+            out.status.success(),
+            "private test bed did not start:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        bed
+    }
+
+    fn cluster(&self, args: &[&str]) -> std::process::Output {
+        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/testbed/cluster.sh"))
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("testbed/cluster.sh")
+    }
+
+    /// kubectl against this bed.
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> (bool, String) {
+        let kubeconfig = format!("--kubeconfig={}/kubeconfig", self.dir);
+        let mut all = vec![kubeconfig.as_str()];
+        all.extend_from_slice(args);
+        kubectl(&all, stdin)
+    }
+}
+
+impl Drop for PrivateBed {
+    fn drop(&mut self) {
+        let _ = self.cluster(&["down"]);
+        // cluster.sh serialises up/down on a lock file beside the state dir.
+        let _ = std::fs::remove_file(format!("{}.lock", self.dir));
+    }
+}
+
+#[tokio::test]
+async fn pod_template_is_admitted_by_a_restricted_pod_security_policy() {
+    // The pod the Deployment would create, built from deploy.yaml's template.
+    let deployment = documents()
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment in deploy.yaml");
+    let template = &deployment["spec"]["template"];
+    let ns = "restricted";
+    let pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "manager", "namespace": ns, "labels": template["metadata"]["labels"]},
+        "spec": template["spec"],
+    });
+    let namespace = documents()
+        .into_iter()
+        .find(|d| d["kind"] == "Namespace")
+        .expect("a Namespace in deploy.yaml");
+    assert_eq!(
+        namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "restricted",
+        "deploy.yaml's namespace must enforce the restricted Pod Security Standard"
+    );
+
+    let bed = PrivateBed::up("--enable-admission-plugins PodSecurityPolicy");
+    // Only the restricted policy is usable, and only by the manager's ServiceAccount.
+    let setup = format!(
+        r#"{RESTRICTED_PSP}
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: {ns}
+  labels: {{pod-security.kubernetes.io/enforce: restricted}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: manager-pods, namespace: {ns}}}
+rules:
+  - {{apiGroups: [""], resources: [pods], verbs: [create]}}
+  - {{apiGroups: [policy], resources: [podsecuritypolicies], resourceNames: [restricted], verbs: [use]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: manager-pods, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: manager-pods}}
+subjects: [{{kind: ServiceAccount, name: autonomic-manager, namespace: {ns}}}]
+"#
+    );
+    let (ok, out) = bed.kubectl(&["apply", "-f", "-"], Some(&setup));
+    assert!(ok, "setup refused:\n{out}");
+    let service_account = format!("--as=system:serviceaccount:{ns}:autonomic-manager");
+    let create = |pod: &serde_json::Value| {
+        bed.kubectl(
+            &[
+                "create",
+                "--dry-run=server",
+                "-o",
+                "json",
+                &service_account,
+                "-f",
+                "-",
+            ],
+            Some(&pod.to_string()),
+        )
+    };
+
+    let (ok, out) = create(&pod);
+    assert!(ok, "the pod template was refused:\n{out}");
+    let admitted: serde_json::Value = serde_json::from_str(&out).expect("the admitted pod");
+    assert_eq!(
+        admitted["metadata"]["annotations"]["kubernetes.io/psp"], "restricted",
+        "not admitted by the restricted policy: {admitted:#}"
+    );
+    // Admitted as written: the policy had nothing to fill in.
+    assert_eq!(
+        admitted["spec"]["securityContext"],
+        pod["spec"]["securityContext"]
+    );
+    assert_eq!(
+        admitted["spec"]["containers"][0]["securityContext"],
+        pod["spec"]["containers"][0]["securityContext"]
+    );
+
+    // Negative controls: each single violation is refused, so the check above can fail.
+    type Violate = fn(&mut serde_json::Value);
+    let violations: [(&str, Violate); 6] = [
+        ("root user", |p| {
+            p["spec"]["containers"][0]["securityContext"]["runAsUser"] = 0.into()
+        }),
+        ("privileged", |p| {
+            p["spec"]["containers"][0]["securityContext"]["privileged"] = true.into()
+        }),
+        ("privilege escalation", |p| {
+            p["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = true.into()
+        }),
+        ("added capability", |p| {
+            p["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] =
+                serde_json::json!(["NET_RAW"])
+        }),
+        ("unconfined seccomp", |p| {
+            p["spec"]["securityContext"]["seccompProfile"] =
+                serde_json::json!({"type": "Unconfined"})
+        }),
+        ("host network", |p| p["spec"]["hostNetwork"] = true.into()),
+    ];
+    for (what, violate) in violations {
+        let mut bad = pod.clone();
+        violate(&mut bad);
+        let (ok, out) = create(&bad);
+        assert!(!ok, "a pod with {what} was admitted");
+        assert!(
+            out.contains("PodSecurityPolicy: unable to admit pod"),
+            "{what}: refused for another reason:\n{out}"
+        );
+    }
 }

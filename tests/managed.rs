@@ -1033,3 +1033,114 @@ async fn silent_peer_periodic_snapshots_and_revoked_token() {
     wait_until("a redial", || async { cp.attempts() > before }).await;
     assert_no_token(&m);
 }
+
+/// `/metrics` parsed by a real Prometheus text parser: every sample line must parse,
+/// every family has HELP and a TYPE; returns the samples.
+async fn scrape(m: &Manager) -> Vec<prometheus_parse::Sample> {
+    let (code, body) = m.get("/metrics").await;
+    assert_eq!(code, 200);
+    let parsed =
+        prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).expect("parse");
+    // The parser skips what it cannot read: every sample line must have become a sample.
+    let sample_lines = body
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .count();
+    assert_eq!(
+        parsed.samples.len(),
+        sample_lines,
+        "unparsed lines in:\n{body}"
+    );
+    for s in &parsed.samples {
+        assert!(s.metric.starts_with("autonomic_"), "{}", s.metric);
+        assert!(
+            parsed.docs.contains_key(&s.metric),
+            "no HELP for {}",
+            s.metric
+        );
+        match s.value {
+            prometheus_parse::Value::Counter(_) => assert!(s.metric.ends_with("_total")),
+            prometheus_parse::Value::Gauge(_) => assert!(!s.metric.ends_with("_total")),
+            ref other => panic!("{} is neither counter nor gauge: {other:?}", s.metric),
+        }
+    }
+    parsed.samples
+}
+
+fn value(samples: &[prometheus_parse::Sample], name: &str, kind: Option<&str>) -> f64 {
+    samples
+        .iter()
+        .find(|s| s.metric == name && kind.is_none_or(|k| s.labels.get("kind") == Some(k)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
+            _ => f64::NAN,
+        })
+        .unwrap_or_else(|| panic!("no {name} (kind {kind:?})"))
+}
+
+#[tokio::test]
+async fn metrics_parse_and_move_and_readiness_follows_the_link() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "cp-metrics").await;
+    let cp = FakeCp::start().await;
+    cp.set_welcome(1, 300);
+    let mut env = managed_env(&cp);
+    env.push(("AUTONOMIC_WELCOME_TIMEOUT_S", "2".into()));
+    let m = start(&ns.name, &env);
+    cp.wait_frame("snapshot", is("snapshot")).await;
+    m.wait_ready().await;
+
+    let before = scrape(&m).await;
+    for kind in ["Agent", "Tool", "Runtime", "Memory"] {
+        value(&before, "autonomic_reconciles_total", Some(kind));
+        value(&before, "autonomic_reconcile_errors_total", Some(kind));
+    }
+    for family in [
+        "autonomic_queue_depth",
+        "autonomic_reconnects_total",
+        "autonomic_shell_sessions_open",
+        "autonomic_heartbeat_rtt_seconds",
+        "autonomic_audit_queued",
+        "autonomic_audit_dropped_total",
+    ] {
+        value(&before, family, None);
+    }
+    assert_eq!(value(&before, "autonomic_connected", None), 1.0);
+    assert_eq!(value(&before, "autonomic_leader", None), 1.0);
+
+    // A new object: a reconcile, a delta, bytes on the wire.
+    create::<Runtime>(
+        &ns.api(),
+        "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {name: r}\nspec: {image: i}",
+    )
+    .await;
+    cp.wait_frame("a delta", is("delta")).await;
+    let grew = |name: &'static str, kind: Option<&'static str>| {
+        let old = value(&before, name, kind);
+        let m = &m;
+        move || async move { value(&scrape(m).await, name, kind) > old }
+    };
+    wait_until(
+        "reconciles grow",
+        grew("autonomic_reconciles_total", Some("Runtime")),
+    )
+    .await;
+    wait_until("deltas grow", grew("autonomic_deltas_sent_total", None)).await;
+    wait_until("bytes grow", grew("autonomic_bytes_sent_total", None)).await;
+
+    // The control plane goes silent: no heartbeat answers, and no welcome on redial.
+    cp.set_mode(Mode::Silent);
+    cp.set_auto_heartbeat(false);
+    wait_until("not ready while the control plane is silent", || async {
+        m.get("/readyz").await.0 == 503
+    })
+    .await;
+    assert_eq!(value(&scrape(&m).await, "autonomic_connected", None), 0.0);
+    wait_until("a redial", grew("autonomic_reconnects_total", None)).await;
+
+    // It comes back: ready again, connected again.
+    cp.set_mode(Mode::Accept);
+    cp.set_auto_heartbeat(true);
+    m.wait_ready().await;
+    assert_eq!(value(&scrape(&m).await, "autonomic_connected", None), 1.0);
+}

@@ -265,6 +265,9 @@ async fn a_flood_stalls_neither_other_sessions_nor_heartbeats_and_close_ends_it(
             >= 3
     })
     .await;
+    assert_eq!(m.metric("autonomic_shell_sessions_open").await, 3.0);
+    let rtt = m.metric("autonomic_heartbeat_rtt_seconds").await;
+    assert!(rtt > 0.0 && rtt < 30.0, "heartbeat round trip {rtt} s");
     let flooded = cp.binary_bytes(1) - flood_start;
     assert!(flooded > 1 << 20, "the flood kept going: {flooded} bytes");
     let hwm = vm_kib(m.pid(), "VmHWM");
@@ -289,6 +292,7 @@ async fn a_flood_stalls_neither_other_sessions_nor_heartbeats_and_close_ends_it(
     wait_no_process(&client, &ns.name, "busy", "yes").await;
     stdin(&cp, 2, "echo after-''flood\n").await;
     wait_output(&cp, 2, 1, "after-flood").await;
+    assert_eq!(m.metric("autonomic_shell_sessions_open").await, 2.0);
     assert_eq!(cp.accepted(), 1, "the connection never dropped");
 }
 

@@ -117,7 +117,7 @@ fn hello(ctx: &Context, boot_id: &str, kubernetes_version: &str, io: bool) -> Fr
 pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
     let config = ctx.config.clone();
     let link = ctx.link.clone();
-    let boot_id = crate::audit::uuid_v4();
+    let boot_id = crate::boot_id().to_owned();
     // Validated by the configuration parser (0 < initial <= max).
     let Ok(mut reconnect) = Reconnect::new(
         config.backoff_initial,

@@ -36,8 +36,9 @@ pub enum End {
 /// Changes arriving within this window leave as one delta (newest state wins).
 const COALESCE: Duration = Duration::from_millis(100);
 
-/// How long shell sessions get to end at shutdown (the whole shutdown has 5 s).
-const SHUTDOWN_GRACE: Duration = Duration::from_millis(1500);
+/// How long shell sessions get to end at shutdown, after the close (the connector has
+/// 3 s in all, 2 s when the Lease is lost; the kill exec takes about 0.1 s).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 struct Conn<'a> {
     ws: Socket,
@@ -198,7 +199,7 @@ impl Conn<'_> {
             code: CloseCode::from(code),
             reason: reason.to_owned().into(),
         };
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.ws.close(Some(frame))).await;
+        let _ = tokio::time::timeout(Duration::from_millis(900), self.ws.close(Some(frame))).await;
     }
 }
 
@@ -247,19 +248,8 @@ pub async fn run(
         shells: Shells::default(),
         ping_sent: None,
     };
-    let end = drive(&mut conn, hello, shutdown, on_welcome).await;
-    // §6: every exec of this connection ends with it, and is audited.
-    let (why, grace) = match &end {
-        Ok(()) | Err(End::Shutdown) => ("manager shutting down", SHUTDOWN_GRACE),
-        Err(_) => (
-            "connection to the control plane lost",
-            Duration::from_secs(5),
-        ),
-    };
-    conn.shells.end_all(ctx, why, grace).await;
-    match end {
-        Ok(()) => End::Shutdown,
-        Err(End::Shutdown) => {
+    let end = match drive(&mut conn, hello, shutdown, on_welcome).await {
+        Ok(()) | Err(End::Shutdown) => {
             conn.close(1000, "shutdown").await;
             End::Shutdown
         }
@@ -273,7 +263,18 @@ pub async fn run(
             End::NoWelcome
         }
         Err(end) => end,
-    }
+    };
+    // §6: every exec of this connection ends with it, and is audited. After the close,
+    // so that a replica stepping down is off the control plane first.
+    let (why, grace) = match end {
+        End::Shutdown => ("manager shutting down", SHUTDOWN_GRACE),
+        _ => (
+            "connection to the control plane lost",
+            Duration::from_secs(5),
+        ),
+    };
+    conn.shells.end_all(ctx, why, grace).await;
+    end
 }
 
 async fn drive(
@@ -308,7 +309,11 @@ async fn drive(
         tokio::select! {
             _ = shutdown.changed() => return Err(End::Shutdown),
             msg = conn.ws.next() => {
-                last_rx = Instant::now();
+                // Pongs do not count: the peer's WebSocket library sends them even when
+                // the control plane behind it is hung.
+                if !matches!(msg, Some(Ok(Message::Pong(_)))) {
+                    last_rx = Instant::now();
+                }
                 match msg {
                     Some(Ok(Message::Text(t))) => conn.handle_text(&t).await?,
                     Some(Ok(Message::Binary(b))) => {

@@ -142,6 +142,8 @@ struct State {
     snapshot_interval_s: u64,
     auto_heartbeat: bool,
     accepted: usize,
+    /// The most connections ever open at one instant.
+    max_open: usize,
     tls_failures: usize,
     requests: Vec<Request>,
     frames: Vec<Received>,
@@ -222,6 +224,7 @@ impl FakeCp {
                 snapshot_interval_s: 300,
                 auto_heartbeat: true,
                 accepted: 0,
+                max_open: 0,
                 tls_failures: 0,
                 requests: Vec::new(),
                 frames: Vec::new(),
@@ -299,6 +302,11 @@ impl FakeCp {
         self.inner.state().accepted
     }
 
+    /// The most connections that were ever open at the same instant (a connection
+    /// counts from its upgrade until its close frame arrives or its socket ends).
+    pub fn max_connections(&self) -> usize {
+        self.inner.state().max_open
+    }
     /// TLS mode: connections whose TLS handshake failed (the client did not trust the
     /// certificate, or spoke plain HTTP) or did not finish within 10 s.
     pub fn tls_failures(&self) -> usize {
@@ -762,6 +770,7 @@ async fn serve_socket(inner: Arc<Inner>, mut tcp: Stream) {
         let id = s.accepted;
         s.conns.retain(|c| c.open);
         s.conns.push(Conn { id, open: true, tx });
+        s.max_open = s.max_open.max(s.conns.len());
         registered = Some(id);
         Ok(response)
     };

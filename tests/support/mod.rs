@@ -206,7 +206,13 @@ pub struct Manager {
 impl Manager {
     /// Starts the manager watching only `namespace`, with extra environment.
     pub fn start(namespace: &str, env: &[(&str, &str)]) -> Manager {
-        let log = log_dir().join(format!("{namespace}.log"));
+        Manager::start_as(namespace, namespace, env)
+    }
+
+    /// Like [`start`](Self::start), logging to `<name>.log`: for several managers in
+    /// one namespace.
+    pub fn start_as(namespace: &str, name: &str, env: &[(&str, &str)]) -> Manager {
+        let log = log_dir().join(format!("{name}.log"));
         let file = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_autonomic-manager"));
         cmd.env_clear()
@@ -307,6 +313,22 @@ impl Manager {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Waits for the process to exit on its own; its exit code (None: by a signal).
+    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "manager still running after {within:?}:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Sends a signal and waits for the exit code (None when killed by a signal).
