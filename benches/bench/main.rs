@@ -4,7 +4,7 @@
 //!
 //!   bench bulk  --sizes 0,1000[,10000] --changes N --out FILE   items 1–6 (apiserver bed)
 //!   bench shell --out FILE                                      item 7 (a bed with a node)
-//!   bench render --md BENCHMARKS.md FILE...                     the results section
+//!   bench render --md BENCHMARKS.md [--before FILE] FILE...     the results section
 //!
 //! Every figure comes from the run; nothing is typed in.
 
@@ -20,8 +20,8 @@ use autonomic_manager::connect::frame::{self, Frame, Snapshot, Stream};
 use autonomic_manager::crd::Agent;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Map, Value, json};
 use support::fake_cp::{FakeCp, Received, ReceivedKind};
@@ -54,13 +54,13 @@ fn main() {
             .iter()
             .skip_while(|a| *a != "render")
             .skip(1)
-            .filter(|a| a.ends_with(".json"))
+            .filter(|a| a.ends_with(".json") && arg("--before").as_ref() != Some(*a))
             .cloned()
             .collect();
-        report::render(&md, &files);
+        report::render(&md, &files, arg("--before").as_deref());
         return;
     }
-    let out = arg("--out").unwrap_or_else(|| format!("target/bench/{cmd}.json"));
+    let out = arg("--out").unwrap_or_else(|| format!("benches/results/{cmd}.json"));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -209,7 +209,11 @@ async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> Duration 
     let pods = count_pods(Api::namespaced(client.clone(), ns), n);
     let agents: Api<Agent> = Api::namespaced(client.clone(), ns);
     let t0 = Instant::now();
-    create_all(&agents, (0..n).map(|i| agent_object(&format!("a-{i}"))).collect()).await;
+    create_all(
+        &agents,
+        (0..n).map(|i| agent_object(&format!("a-{i}"))).collect(),
+    )
+    .await;
     let done = tokio::time::timeout(Duration::from_secs(1800), pods)
         .await
         .expect("pods within 30 min")
@@ -283,6 +287,16 @@ async fn footprint(ns: &str, n: usize) -> (Value, Manager, FakeCp) {
         .map(|(_, b)| *b as f64)
         .collect();
     let (_, hwm) = rss(pid).expect("manager running");
+    // What the resident memory is: heap and stacks (anonymous) or the binary's pages.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .map_or(0, |k| k * 1024)
+    };
+    let (anon, file) = (kb("RssAnon:"), kb("RssFile:"));
     let json = snapshot.json().unwrap();
     let resources = json["resources"].as_array().map_or(0, Vec::len);
     assert_eq!(resources, n, "the snapshot holds every Agent");
@@ -291,6 +305,8 @@ async fn footprint(ns: &str, n: usize) -> (Value, Manager, FakeCp) {
         "agents": n,
         "rss_steady_bytes": median(&steady),
         "rss_peak_bytes": hwm,
+        "rss_anon_bytes": anon,
+        "rss_file_bytes": file,
         "snapshot_resources": resources,
         "snapshot_bytes": bytes,
         "snapshot_after_hello_ms": ms(snapshot.at - hello.at),
@@ -720,5 +736,5 @@ async fn shell() -> Value {
     }
     eprintln!("shell: {out}");
     drop(m);
-    out
+    json!({ "shell": out })
 }

@@ -33,7 +33,20 @@ fn machine(kubernetes: &str, args: &str) -> String {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
-    let dirty = if sh("git", &["status", "--porcelain", "--untracked-files=no"]).is_empty() {
+    let dirty = if sh(
+        "git",
+        &[
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":!BENCHMARKS.md",
+            ":!benches/results",
+        ],
+    )
+    .is_empty()
+    {
         ""
     } else {
         " (with uncommitted changes)"
@@ -84,7 +97,60 @@ fn load(files: &[String]) -> Map<String, Value> {
     all
 }
 
-pub fn render(md: &str, files: &[String]) {
+/// The headline figures of an earlier run beside this one's: what the fixes changed.
+fn before_after(
+    s: &mut String,
+    before: &Map<String, Value>,
+    now: &Map<String, Value>,
+    label: &str,
+) {
+    let at_1000 = |r: &Map<String, Value>, list: &str, field: &str| {
+        r.get(list)
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().find(|x| x["agents"] == 1000))
+            .map_or(f64::NAN, |x| f(&x[field]))
+    };
+    let rows: [(&str, Box<dyn Fn(&Map<String, Value>) -> String>); 6] = [
+        ("Binary size", Box::new(|r| mb(f(&r["binary"]["bytes"])))),
+        (
+            "Peak RSS, 1 000 Agents",
+            Box::new(|r| mb(at_1000(r, "footprint", "rss_peak_bytes"))),
+        ),
+        (
+            "Steady RSS, 1 000 Agents",
+            Box::new(|r| mb(at_1000(r, "footprint", "rss_steady_bytes"))),
+        ),
+        (
+            "Delta latency p50 / p99 (plain watch p99)",
+            Box::new(|r| {
+                let d = &r["delta"]["result"];
+                format!(
+                    "{:.1} / {:.1} ms ({:.1} ms)",
+                    f(&d["manager_p50_ms"]),
+                    f(&d["manager_p99_ms"]),
+                    f(&d["raw_p99_ms"])
+                )
+            }),
+        ),
+        (
+            "Snapshot encode, 10 000 objects",
+            Box::new(|r| format!("{:.1} ms", f(&r["snapshot_encode"]["encode_median_ms"]))),
+        ),
+        (
+            "Throughput ratio, 1 000 Agents",
+            Box::new(|r| format!("{:.2}", at_1000(r, "throughput", "ratio"))),
+        ),
+    ];
+    let _ = writeln!(
+        s,
+        "\n**Before and after the fixes** (before: {label}):\n\n| Figure | Before | Now |\n|---|---|---|"
+    );
+    for (name, fig) in rows {
+        let _ = writeln!(s, "| {name} | {} | {} |", fig(before), fig(now));
+    }
+}
+
+pub fn render(md: &str, files: &[String], before: Option<&str>) {
     let r = load(files);
     let null = Value::Null;
     let get = |k: &str| r.get(k).unwrap_or(&null);
@@ -230,7 +296,7 @@ pub fn render(md: &str, files: &[String]) {
     );
     let _ = writeln!(
         s,
-        "| Agents | Steady RSS | Peak RSS | Growth per Agent (steady) | Snapshot size | Hello → snapshot | Start → snapshot |\n|---|---|---|---|---|---|---|"
+        "| Agents | Steady RSS | of which heap/stacks / binary pages | Peak RSS | Growth per Agent (steady) | Snapshot size | Hello → snapshot | Start → snapshot |\n|---|---|---|---|---|---|---|---|"
     );
     let mut prev: Option<&Value> = None;
     for fp in &footprints {
@@ -244,9 +310,11 @@ pub fn render(md: &str, files: &[String]) {
         );
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {growth} | {:.0} bytes | {:.0} ms | {:.0} ms |",
+            "| {} | {} | {} / {} | {} | {growth} | {:.0} bytes | {:.0} ms | {:.0} ms |",
             fp["agents"],
             mb(f(&fp["rss_steady_bytes"])),
+            mb(f(&fp["rss_anon_bytes"])),
+            mb(f(&fp["rss_file_bytes"])),
             mb(f(&fp["rss_peak_bytes"])),
             f(&fp["snapshot_bytes"]),
             f(&fp["snapshot_after_hello_ms"]),
@@ -270,6 +338,9 @@ pub fn render(md: &str, files: &[String]) {
                 f(&t["ratio"])
             );
         }
+    }
+    if let Some(file) = before {
+        before_after(&mut s, &load(&[file.to_owned()]), &r, &format!("`{file}`"));
     }
     let _ = writeln!(
         s,
