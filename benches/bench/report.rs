@@ -97,6 +97,9 @@ fn load(files: &[String]) -> Map<String, Value> {
     all
 }
 
+/// One figure of a run, rendered.
+type Figure = Box<dyn Fn(&Map<String, Value>) -> String>;
+
 /// The headline figures of an earlier run beside this one's: what the fixes changed.
 fn before_after(
     s: &mut String,
@@ -104,13 +107,13 @@ fn before_after(
     now: &Map<String, Value>,
     label: &str,
 ) {
-    let at_1000 = |r: &Map<String, Value>, list: &str, field: &str| {
+    fn at_1000(r: &Map<String, Value>, list: &str, field: &str) -> f64 {
         r.get(list)
             .and_then(Value::as_array)
             .and_then(|a| a.iter().find(|x| x["agents"] == 1000))
             .map_or(f64::NAN, |x| f(&x[field]))
-    };
-    let rows: [(&str, Box<dyn Fn(&Map<String, Value>) -> String>); 6] = [
+    }
+    let rows: [(&str, Figure); 6] = [
         ("Binary size", Box::new(|r| mb(f(&r["binary"]["bytes"])))),
         (
             "Peak RSS, 1 000 Agents",
