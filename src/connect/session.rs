@@ -33,7 +33,9 @@ pub enum End {
     Dropped(String),
 }
 
-/// Changes arriving within this window leave as one delta (newest state wins).
+/// At most one delta per window: a change after a quiet window leaves at once, changes
+/// arriving within the window after a delta leave together at its end (newest state
+/// wins). Waiting the window for every change would add it to every change's latency.
 const COALESCE: Duration = Duration::from_millis(100);
 
 /// How long shell sessions get to end at shutdown, after the close (the connector has
@@ -304,6 +306,7 @@ async fn drive(
         tokio::time::interval_at(Instant::now() + snapshot_every, snapshot_every);
     let mut last_rx = Instant::now();
     let mut delta_due: Option<Instant> = None;
+    let mut last_delta = Instant::now();
     let link = conn.ctx.link.clone();
     loop {
         tokio::select! {
@@ -333,10 +336,11 @@ async fn drive(
                 }
             }
             _ = link.dirty_notify.notified(), if delta_due.is_none() => {
-                delta_due = Some(Instant::now() + COALESCE);
+                delta_due = Some((last_delta + COALESCE).max(Instant::now()));
             }
             _ = sleep_until(delta_due.unwrap_or_else(Instant::now)), if delta_due.is_some() => {
                 delta_due = None;
+                last_delta = Instant::now();
                 conn.delta().await?;
             }
             _ = link.audit.notify.notified() => conn.flush_audit().await?,

@@ -1,0 +1,740 @@
+//! The benchmark suite (BENCHMARKS.md): the real built manager binary in managed mode,
+//! against the fake control plane of the tests and a real API server. Run it with
+//! `scripts/bench [--large]`, which starts the test beds and renders BENCHMARKS.md.
+//!
+//!   bench bulk  --sizes 0,1000[,10000] --changes N --out FILE   items 1–6 (apiserver bed)
+//!   bench shell --out FILE                                      item 7 (a bed with a node)
+//!   bench render --md BENCHMARKS.md [--before FILE] FILE...     the results section
+//!
+//! Every figure comes from the run; nothing is typed in.
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+mod report;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use autonomic_manager::connect::frame::{self, Frame, Snapshot, Stream};
+use autonomic_manager::crd::Agent;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::{Map, Value, json};
+use support::fake_cp::{FakeCp, Received, ReceivedKind};
+use support::{Manager, TestNamespace};
+
+/// Requests in flight when objects are created in bulk, for the manager run and the
+/// direct run alike.
+const CONCURRENCY: usize = 32;
+const TOKEN: &str = "tok_bench_5c1d9e2f7a3b4c6d";
+/// The reconnect backoff in the bench: floor and ceiling at once, so every redial
+/// waits the floor (± the backoff's jitter).
+const BACKOFF_FLOOR_MS: u64 = 100;
+const RUNTIME_IMAGE: &str = "autonomic.test/busybox:1";
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let Some(cmd) = args.iter().find(|a| !a.starts_with('-')).cloned() else {
+        eprintln!("usage: bench bulk|shell|render ... (see benches/bench/main.rs)");
+        std::process::exit(2);
+    };
+    if cmd == "render" {
+        let md = arg("--md").unwrap_or_else(|| "BENCHMARKS.md".into());
+        let files: Vec<String> = args
+            .iter()
+            .skip_while(|a| *a != "render")
+            .skip(1)
+            .filter(|a| a.ends_with(".json") && arg("--before").as_ref() != Some(*a))
+            .cloned()
+            .collect();
+        report::render(&md, &files, arg("--before").as_deref());
+        return;
+    }
+    let out = arg("--out").unwrap_or_else(|| format!("benches/results/{cmd}.json"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let results = rt.block_on(async {
+        match cmd.as_str() {
+            "bulk" => {
+                let sizes: Vec<usize> = arg("--sizes")
+                    .unwrap_or_else(|| "0,1000".into())
+                    .split(',')
+                    .map(|s| s.parse().expect("--sizes: numbers"))
+                    .collect();
+                let changes = arg("--changes").map_or(1000, |s| s.parse().expect("--changes"));
+                bulk(&sizes, changes).await
+            }
+            "shell" => shell().await,
+            other => panic!("unknown command {other}"),
+        }
+    });
+    if let Some(dir) = std::path::Path::new(&out).parent() {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&results).unwrap()).unwrap();
+    eprintln!("results written to {out}");
+}
+
+fn managed_env(cp: &FakeCp) -> Vec<(&'static str, String)> {
+    vec![
+        ("AUTONOMIC_MANAGED", "true".into()),
+        ("AUTONOMIC_BASE_URL", cp.url()),
+        ("AUTONOMIC_AUTH_TOKEN", TOKEN.into()),
+        ("AUTONOMIC_BACKOFF_INITIAL_MS", BACKOFF_FLOOR_MS.to_string()),
+        ("AUTONOMIC_BACKOFF_MAX_MS", BACKOFF_FLOOR_MS.to_string()),
+        ("AUTONOMIC_CLUSTER_ID", "bench".into()),
+        // The tests log at debug; a production install logs at info.
+        ("AUTONOMIC_LOG", "info".into()),
+    ]
+}
+
+fn start_manager(ns: &str, cp: &FakeCp) -> Manager {
+    let env = managed_env(cp);
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    Manager::start(ns, &pairs)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The value at quantile `q` (0..=1) of `xs`, nearest rank.
+fn quantile(xs: &[f64], q: f64) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+fn median(xs: &[f64]) -> f64 {
+    quantile(xs, 0.5)
+}
+
+/// VmRSS and VmHWM of a process, in bytes.
+fn rss(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+fn is_type(r: &Received, t: &str) -> bool {
+    r.frame_type() == Some(t)
+}
+
+fn agent_object(name: &str) -> Agent {
+    serde_json::from_value(json!({
+        "apiVersion": "autonomic.sh/v1alpha1",
+        "kind": "Agent",
+        "metadata": {"name": name},
+        "spec": {"runtime": {"image": RUNTIME_IMAGE, "command": ["sleep", "3600"]}}
+    }))
+    .unwrap()
+}
+
+/// Counts the distinct pods of `api` seen by a watch; `target` reached → the instant.
+fn count_pods(api: Api<Pod>, target: usize) -> tokio::task::JoinHandle<Instant> {
+    tokio::spawn(async move {
+        let mut seen = HashSet::new();
+        let mut events = watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = events.next().await {
+            match ev {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
+                    seen.insert(p.metadata.name.unwrap_or_default());
+                    if seen.len() >= target {
+                        return Instant::now();
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => eprintln!("pod watch: {e}"),
+            }
+        }
+        panic!("pod watch ended")
+    })
+}
+
+/// Creates `n` objects with [`CONCURRENCY`] requests in flight.
+async fn create_all<K>(api: &Api<K>, objs: Vec<K>)
+where
+    K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    futures::stream::iter(objs)
+        .map(|o| {
+            let api = api.clone();
+            async move {
+                let mut tries = 0;
+                loop {
+                    match api.create(&PostParams::default(), &o).await {
+                        Ok(_) => return,
+                        // 429/5xx/timeouts under load: the run measures, it does not give up.
+                        Err(e) if tries < 5 => {
+                            tries += 1;
+                            eprintln!("create: {e}; retrying");
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                        Err(e) => panic!("create: {e}"),
+                    }
+                }
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// Item 5, and the objects of item 2: `n` Agents at once with the manager running;
+/// the time until their `n` pods exist.
+async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> Duration {
+    let cp = FakeCp::start().await;
+    let m = start_manager(ns, &cp);
+    m.wait_ready().await;
+    let pods = count_pods(Api::namespaced(client.clone(), ns), n);
+    let agents: Api<Agent> = Api::namespaced(client.clone(), ns);
+    let t0 = Instant::now();
+    create_all(
+        &agents,
+        (0..n).map(|i| agent_object(&format!("a-{i}"))).collect(),
+    )
+    .await;
+    let done = tokio::time::timeout(Duration::from_secs(1800), pods)
+        .await
+        .expect("pods within 30 min")
+        .unwrap();
+    drop(m);
+    done - t0
+}
+
+/// Item 5's reference: the same number of pods, shaped like the manager's, created
+/// directly with the same concurrency.
+async fn direct_creates(client: &kube::Client, ns: &str, template: &Pod, n: usize) -> Duration {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut t = template.clone();
+    t.metadata = Default::default();
+    t.metadata.labels = template.metadata.labels.clone();
+    t.status = None;
+    let pods: Vec<Pod> = (0..n)
+        .map(|i| {
+            let mut p = t.clone();
+            p.metadata.name = Some(format!("a-{i}"));
+            p
+        })
+        .collect();
+    let counted = count_pods(api.clone(), n);
+    let t0 = Instant::now();
+    create_all(&api, pods).await;
+    let done = tokio::time::timeout(Duration::from_secs(1800), counted)
+        .await
+        .expect("pods within 30 min")
+        .unwrap();
+    done - t0
+}
+
+/// Item 2 and 4 (end to end): a fresh manager on a namespace holding `n` Agents and
+/// their pods; memory while it lists, reconciles and sends the snapshot, and after.
+/// Returns the results, and the manager with its control plane still connected.
+async fn footprint(ns: &str, n: usize) -> (Value, Manager, FakeCp) {
+    let cp = FakeCp::start().await;
+    let started = Instant::now();
+    let m = start_manager(ns, &cp);
+    let pid = m.pid();
+    let mut samples: Vec<(Instant, u64)> = Vec::new();
+    // Sample until the snapshot is in, then 5 s more.
+    let snapshot = loop {
+        if let Some((now, _)) = rss(pid) {
+            samples.push((Instant::now(), now));
+        }
+        if let Some(f) = cp.frames().into_iter().find(|f| is_type(f, "snapshot")) {
+            break f;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "no snapshot within 10 min:\n{}",
+            m.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let hello = cp
+        .wait_frame("hello", |f| f.conn == snapshot.conn && is_type(f, "hello"))
+        .await;
+    let settle_from = Instant::now();
+    while settle_from.elapsed() < Duration::from_secs(5) {
+        if let Some((now, _)) = rss(pid) {
+            samples.push((Instant::now(), now));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let steady: Vec<f64> = samples
+        .iter()
+        .filter(|(t, _)| *t >= settle_from)
+        .map(|(_, b)| *b as f64)
+        .collect();
+    let (_, hwm) = rss(pid).expect("manager running");
+    // What the resident memory is: heap and stacks (anonymous) or the binary's pages.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .map_or(0, |k| k * 1024)
+    };
+    let (anon, file) = (kb("RssAnon:"), kb("RssFile:"));
+    let json = snapshot.json().unwrap();
+    let resources = json["resources"].as_array().map_or(0, Vec::len);
+    assert_eq!(resources, n, "the snapshot holds every Agent");
+    let bytes = serde_json::to_string(json).unwrap().len();
+    let out = json!({
+        "agents": n,
+        "rss_steady_bytes": median(&steady),
+        "rss_peak_bytes": hwm,
+        "rss_anon_bytes": anon,
+        "rss_file_bytes": file,
+        "snapshot_resources": resources,
+        "snapshot_bytes": bytes,
+        "snapshot_after_hello_ms": ms(snapshot.at - hello.at),
+        "snapshot_after_start_ms": ms(snapshot.at - started),
+    });
+    eprintln!("footprint {n}: {out}");
+    (out, m, cp)
+}
+
+/// Item 3: label patches on one Agent, one at a time; each timed to the plain watch's
+/// event and to the delta at the fake control plane that carries it.
+async fn delta_latency(client: &kube::Client, ns: &str, cp: &FakeCp, changes: usize) -> Value {
+    let api: Api<Agent> = Api::namespaced(client.clone(), ns);
+    let name = "a-0";
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
+    let watch_api = api.clone();
+    let watch = tokio::spawn(async move {
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut events = watcher(watch_api, cfg).boxed();
+        while let Some(ev) = events.next().await {
+            if let Ok(watcher::Event::Apply(a)) = ev {
+                let seq = a.labels().get("bench-seq").cloned().unwrap_or_default();
+                let _ = tx.send((seq, Instant::now()));
+            }
+        }
+    });
+    // Let the watch start before the first patch.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut raw = Vec::with_capacity(changes);
+    let mut manager = Vec::with_capacity(changes);
+    let since = Instant::now();
+    for i in 0..changes {
+        let seq = format!("{i}");
+        let patch = json!({"metadata": {"labels": {"bench-seq": seq}}});
+        let t0 = Instant::now();
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("patch");
+        let seen = loop {
+            let (s, at) = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+                .await
+                .expect("watch event within 30 s")
+                .expect("watch running");
+            if s == seq {
+                break at;
+            }
+        };
+        let delta = cp
+            .wait_frame("delta with the patch", |f| {
+                f.at >= since
+                    && is_type(f, "delta")
+                    && f.json().unwrap()["changes"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| {
+                            c["resource"]["name"] == name
+                                && c["resource"]["labels"]["bench-seq"] == seq.as_str()
+                        })
+            })
+            .await;
+        raw.push(ms(seen - t0));
+        manager.push(ms(delta.at - t0));
+    }
+    watch.abort();
+    let out = json!({
+        "changes": changes,
+        "raw_p50_ms": quantile(&raw, 0.5),
+        "raw_p99_ms": quantile(&raw, 0.99),
+        "manager_p50_ms": quantile(&manager, 0.5),
+        "manager_p99_ms": quantile(&manager, 0.99),
+        "manager_max_ms": quantile(&manager, 1.0),
+    });
+    eprintln!("delta latency: {out}");
+    out
+}
+
+/// Item 6: the fake control plane goes away and comes back; the time from its port
+/// listening again to the snapshot on the new connection.
+async fn reconnect(cp: &FakeCp, rounds: usize) -> Value {
+    let mut times = Vec::new();
+    for _ in 0..rounds {
+        let before = cp.accepted();
+        cp.stop().await;
+        // Several failed dials: the manager is in its backoff loop, at the floor.
+        tokio::time::sleep(Duration::from_millis(10 * BACKOFF_FLOOR_MS)).await;
+        let t0 = Instant::now();
+        cp.restart().await;
+        let snap = cp
+            .wait_frame("snapshot after reconnect", |f| {
+                f.conn > before && is_type(f, "snapshot")
+            })
+            .await;
+        times.push(ms(snap.at - t0));
+    }
+    let out = json!({
+        "rounds": rounds,
+        "backoff_floor_ms": BACKOFF_FLOOR_MS,
+        "median_ms": median(&times),
+        "max_ms": quantile(&times, 1.0),
+    });
+    eprintln!("reconnect: {out}");
+    out
+}
+
+/// Item 4 in-process: encoding a snapshot of `n` resources shaped like `sample` (a real
+/// one from a snapshot of this run).
+fn encode_snapshot(sample: &Value, n: usize, runs: usize) -> Value {
+    let resources: Vec<Value> = (0..n)
+        .map(|i| {
+            let mut r = sample.clone();
+            r["name"] = json!(format!("agent-{i:05}"));
+            r["uid"] = json!(format!("00000000-0000-4000-8000-{i:012}"));
+            if let Some(p) = r["pods"].get_mut(0) {
+                p["name"] = json!(format!("agent-{i:05}"));
+            }
+            r
+        })
+        .collect();
+    let frame = Frame::Snapshot(Snapshot { seq: 1, resources });
+    let mut times = Vec::new();
+    let mut bytes = 0;
+    for _ in 0..runs {
+        let t0 = Instant::now();
+        let text = frame::encode(&frame);
+        times.push(ms(t0.elapsed()));
+        bytes = text.len();
+    }
+    let out = json!({
+        "resources": n,
+        "runs": runs,
+        "encode_median_ms": median(&times),
+        "bytes": bytes,
+    });
+    eprintln!("snapshot encode: {out}");
+    out
+}
+
+/// Item 1: the file's size and whether it is static (no ELF interpreter) and stripped
+/// (no symbol table).
+fn binary() -> Value {
+    let path = env!("CARGO_BIN_EXE_autonomic-manager");
+    let b = std::fs::read(path).expect("the built manager binary");
+    assert_eq!(&b[..4], b"\x7fELF", "an ELF file");
+    let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as usize;
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap()) as usize;
+    let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));
+    let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c));
+    let has_interp = (0..phnum).any(|i| u32_at(phoff + i * phentsize) == 3);
+    let has_symtab = (0..shnum).any(|i| u32_at(shoff + i * shentsize + 4) == 2);
+    json!({
+        "path": "target/x86_64-unknown-linux-musl/release/autonomic-manager",
+        "bytes": b.len(),
+        "static": !has_interp,
+        "stripped": !has_symtab,
+    })
+}
+
+async fn bulk(sizes: &[usize], changes: usize) -> Value {
+    let client = support::client().await;
+    let mut results = Map::new();
+    results.insert("binary".into(), binary());
+    results.insert(
+        "kubernetes".into(),
+        json!(client.apiserver_version().await.unwrap().git_version),
+    );
+    let mut footprints = Vec::new();
+    let mut throughput = Vec::new();
+    let mut namespaces = Vec::new();
+    let mut sample = None;
+    for &n in sizes {
+        let ns = TestNamespace::new(&client, &format!("bench-{n}")).await;
+        if n > 0 {
+            eprintln!("creating {n} Agents with the manager running");
+            let managed = manager_creates(&client, &ns.name, n).await;
+            let pods: Api<Pod> = ns.api();
+            let template = pods.get("a-0").await.unwrap();
+            let direct_ns = TestNamespace::new(&client, &format!("bench-direct-{n}")).await;
+            eprintln!("creating {n} pods directly");
+            let direct = direct_creates(&client, &direct_ns.name, &template, n).await;
+            let row = json!({
+                "agents": n,
+                "concurrency": CONCURRENCY,
+                "manager_s": managed.as_secs_f64(),
+                "direct_s": direct.as_secs_f64(),
+                "ratio": direct.as_secs_f64() / managed.as_secs_f64(),
+            });
+            eprintln!("throughput: {row}");
+            throughput.push(row);
+            // The direct pods are not needed any more: they would only load the server.
+            drop(direct_ns);
+        }
+        let (fp, m, cp) = footprint(&ns.name, n).await;
+        footprints.push(fp);
+        if n == 1000 || (sample.is_none() && n > 0 && n == *sizes.iter().max().unwrap()) {
+            let snap = cp.wait_frame("snapshot", |f| is_type(f, "snapshot")).await;
+            sample = snap.json().unwrap()["resources"].get(0).cloned();
+            if n == 1000 || !sizes.contains(&1000) {
+                results.insert(
+                    "delta".into(),
+                    json!({"agents": n, "result": delta_latency(&client, &ns.name, &cp, changes).await}),
+                );
+                results.insert(
+                    "reconnect".into(),
+                    json!({"agents": n, "result": reconnect(&cp, 10).await}),
+                );
+            }
+        }
+        drop(m);
+        drop(cp);
+        namespaces.push(ns);
+    }
+    results.insert("footprint".into(), json!(footprints));
+    results.insert("throughput".into(), json!(throughput));
+    let sample = sample.expect("a snapshot with at least one Agent (a size > 0)");
+    results.insert(
+        "snapshot_encode".into(),
+        encode_snapshot(&sample, 10_000, 7),
+    );
+    // Delete the namespaces in the background; the bed is torn down anyway.
+    let nsapi: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    for ns in &namespaces {
+        let _ = nsapi.delete(&ns.name, &DeleteParams::background()).await;
+    }
+    Value::Object(results)
+}
+
+// ---------------------------------------------------------------- item 7: shell
+
+fn kubectl() -> String {
+    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into())
+}
+
+/// `kubectl exec` of `cmd` in the runtime container, stdout read to the end: (bytes, time).
+fn direct_cat(ns: &str, pod: &str, cmd: &[&str]) -> (usize, Duration) {
+    use std::io::Read;
+    let t0 = Instant::now();
+    let mut child = std::process::Command::new(kubectl())
+        .args(["exec", "-n", ns, pod, "-c", "runtime", "--"])
+        .args(cmd)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    let mut out = child.stdout.take().unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut total = 0;
+    loop {
+        match out.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => total += k,
+            Err(e) => panic!("kubectl exec: {e}"),
+        }
+    }
+    assert!(child.wait().unwrap().success(), "kubectl exec failed");
+    (total, t0.elapsed())
+}
+
+/// Keystroke echo through `kubectl exec -i … cat`: one byte out, the same byte back.
+fn direct_echo(ns: &str, pod: &str, rounds: usize) -> Vec<f64> {
+    use std::io::{Read, Write};
+    let mut child = std::process::Command::new(kubectl())
+        .args(["exec", "-i", "-n", ns, pod, "-c", "runtime", "--", "cat"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut times = Vec::new();
+    let mut b = [0u8; 1];
+    for i in 0..rounds + 5 {
+        let t0 = Instant::now();
+        stdin.write_all(b"x").unwrap();
+        stdin.flush().unwrap();
+        stdout.read_exact(&mut b).unwrap();
+        // The first rounds include the exec's setup.
+        if i >= 5 {
+            times.push(ms(t0.elapsed()));
+        }
+    }
+    drop(stdin);
+    let _ = child.wait();
+    times
+}
+
+fn io_frames(cp: &FakeCp, channel: u32) -> (usize, Option<Value>) {
+    let mut bytes = 0;
+    let mut close = None;
+    for f in cp.frames() {
+        match &f.kind {
+            ReceivedKind::Binary(b) => {
+                if let Ok(c) = frame::decode_io(b)
+                    && c.channel == channel
+                    && c.stream == Stream::Stdout
+                {
+                    bytes += c.data.len();
+                }
+            }
+            ReceivedKind::Text(v) if v["type"] == "io_close" && v["channel"] == channel => {
+                close = Some(v.clone());
+            }
+            _ => {}
+        }
+    }
+    (bytes, close)
+}
+
+/// Opens a session; `Err(why)` when the manager does not open it.
+async fn io_open(cp: &FakeCp, ns: &str, channel: u32, command: &[&str]) -> Result<(), String> {
+    cp.send(json!({
+        "type": "io_open", "channel": channel, "session_id": format!("bench-{channel}"),
+        "actor": "bench", "target": {"namespace": ns, "agent": "sh", "container": "runtime"},
+        "command": command, "tty": false, "cols": 80, "rows": 24,
+    }))
+    .await;
+    let answer = cp
+        .wait_frame("io_opened or io_close", |f| {
+            (is_type(f, "io_opened") || is_type(f, "io_close"))
+                && f.json().unwrap()["channel"] == channel
+        })
+        .await;
+    let v = answer.json().unwrap();
+    if is_type(&answer, "io_opened") {
+        return Ok(());
+    }
+    if v["exit_code"].is_number() {
+        // Opened and already finished (a fast command): fine.
+        return Ok(());
+    }
+    Err(format!("the manager answered io_open with {v}"))
+}
+
+async fn shell() -> Value {
+    let client = support::client().await;
+    support::require_node();
+    let ns = TestNamespace::new(&client, "bench-shell").await;
+    let agents: Api<Agent> = ns.api();
+    agents
+        .create(&PostParams::default(), &agent_object("sh"))
+        .await
+        .unwrap();
+    let cp = FakeCp::start().await;
+    let m = start_manager(&ns.name, &cp);
+    m.wait_ready().await;
+    let pods: Api<Pod> = ns.api();
+    support::wait_for(&pods, "sh", "Running", |p| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    })
+    .await;
+    const SIZE: usize = 64 << 20;
+    direct_cat(
+        &ns.name,
+        "sh",
+        &[
+            "sh",
+            "-c",
+            &format!("head -c {SIZE} /dev/urandom > /tmp/big"),
+        ],
+    );
+    let mut direct = Vec::new();
+    for _ in 0..3 {
+        let (bytes, t) = direct_cat(&ns.name, "sh", &["cat", "/tmp/big"]);
+        assert_eq!(bytes, SIZE, "kubectl exec cat read the whole file");
+        direct.push(bytes as f64 / t.as_secs_f64());
+    }
+    let direct_echo = direct_echo(&ns.name, "sh", 100);
+    let mut out = json!({
+        "file_bytes": SIZE,
+        "direct_bytes_per_s": median(&direct),
+        "direct_echo_p50_ms": quantile(&direct_echo, 0.5),
+        "direct_echo_p99_ms": quantile(&direct_echo, 0.99),
+    });
+
+    // Through the manager: the same command as an io_open session.
+    let mut proxied = Vec::new();
+    let mut not_measured = None;
+    for run in 0..3u32 {
+        let channel = 10 + run;
+        let t0 = Instant::now();
+        if let Err(why) = io_open(&cp, &ns.name, channel, &["cat", "/tmp/big"]).await {
+            not_measured = Some(why);
+            break;
+        }
+        let close = cp
+            .wait_frame("io_close with exit_code", |f| {
+                is_type(f, "io_close") && f.json().unwrap()["channel"] == channel
+            })
+            .await;
+        let (bytes, _) = io_frames(&cp, channel);
+        assert_eq!(bytes, SIZE, "the proxied cat delivered the whole file");
+        proxied.push(bytes as f64 / (close.at - t0).as_secs_f64());
+    }
+    if not_measured.is_none() {
+        let channel = 20;
+        match io_open(&cp, &ns.name, channel, &["cat"]).await {
+            Err(why) => not_measured = Some(why),
+            Ok(()) => {
+                let mut times = Vec::new();
+                for i in 0..105usize {
+                    let t0 = Instant::now();
+                    cp.send_binary(frame::encode_io(channel, Stream::Stdin, b"x"))
+                        .await;
+                    let echo = cp.wait_frame("echo", |f| {
+                        f.at >= t0
+                            && matches!(&f.kind, ReceivedKind::Binary(b)
+                                if frame::decode_io(b).is_ok_and(|c| c.channel == channel && c.stream == Stream::Stdout))
+                    })
+                    .await;
+                    if i >= 5 {
+                        times.push(ms(echo.at - t0));
+                    }
+                }
+                cp.send(json!({"type": "io_close", "channel": channel}))
+                    .await;
+                out["proxy_echo_p50_ms"] = json!(quantile(&times, 0.5));
+                out["proxy_echo_p99_ms"] = json!(quantile(&times, 0.99));
+            }
+        }
+    }
+    match not_measured {
+        Some(why) => out["not_measured"] = json!(why),
+        None => {
+            out["proxy_bytes_per_s"] = json!(median(&proxied));
+            out["ratio"] = json!(median(&proxied) / median(&direct));
+        }
+    }
+    eprintln!("shell: {out}");
+    drop(m);
+    json!({ "shell": out })
+}

@@ -1,0 +1,363 @@
+//! Renders the results files of a run into BENCHMARKS.md, between its markers. The
+//! prose around the markers is written by hand; every figure between them comes from
+//! the results files and the machine.
+
+use std::fmt::Write;
+
+use serde_json::{Map, Value};
+
+const BEGIN: &str = "<!-- BEGIN RESULTS: written by scripts/bench, do not edit -->";
+const END: &str = "<!-- END RESULTS -->";
+
+fn sh(cmd: &str, args: &[&str]) -> String {
+    std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "?".into())
+}
+
+fn machine(kubernetes: &str, args: &str) -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map_or("?", |(_, v)| v.trim());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kb: f64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    let dirty = if sh(
+        "git",
+        &[
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":!BENCHMARKS.md",
+            ":!benches/results",
+        ],
+    )
+    .is_empty()
+    {
+        ""
+    } else {
+        " (with uncommitted changes)"
+    };
+    let mut s = String::new();
+    let _ = writeln!(s, "| Machine | |\n|---|---|");
+    let _ = writeln!(s, "| CPUs (`nproc`) | {} |", sh("nproc", &[]));
+    let _ = writeln!(s, "| CPU | {cpu} |");
+    let _ = writeln!(s, "| Memory | {:.1} GiB |", mem_kb / 1048576.0);
+    let _ = writeln!(s, "| Kernel | {} |", sh("uname", &["-r"]));
+    let _ = writeln!(s, "| Kubernetes | {kubernetes} |");
+    let _ = writeln!(
+        s,
+        "| Commit | {}{dirty} |",
+        sh("git", &["rev-parse", "--short=12", "HEAD"])
+    );
+    let _ = writeln!(
+        s,
+        "| Date | {} |",
+        sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
+    );
+    let _ = writeln!(s, "| Command | `scripts/bench{args}` |");
+    s
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+fn mb(bytes: f64) -> String {
+    format!("{:.1} MB", bytes / 1e6)
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok { "yes" } else { "**no**" }
+}
+
+/// Merges the results files (objects) into one.
+fn load(files: &[String]) -> Map<String, Value> {
+    let mut all = Map::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let Value::Object(m) = serde_json::from_str(&text).expect("results JSON") else {
+            panic!("{file}: not an object");
+        };
+        all.extend(m);
+    }
+    all
+}
+
+/// One figure of a run, rendered.
+type Figure = Box<dyn Fn(&Map<String, Value>) -> String>;
+
+/// The headline figures of an earlier run beside this one's: what the fixes changed.
+fn before_after(
+    s: &mut String,
+    before: &Map<String, Value>,
+    now: &Map<String, Value>,
+    label: &str,
+) {
+    fn at_1000(r: &Map<String, Value>, list: &str, field: &str) -> f64 {
+        r.get(list)
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().find(|x| x["agents"] == 1000))
+            .map_or(f64::NAN, |x| f(&x[field]))
+    }
+    let rows: [(&str, Figure); 6] = [
+        ("Binary size", Box::new(|r| mb(f(&r["binary"]["bytes"])))),
+        (
+            "Peak RSS, 1 000 Agents",
+            Box::new(|r| mb(at_1000(r, "footprint", "rss_peak_bytes"))),
+        ),
+        (
+            "Steady RSS, 1 000 Agents",
+            Box::new(|r| mb(at_1000(r, "footprint", "rss_steady_bytes"))),
+        ),
+        (
+            "Delta latency p50 / p99 (plain watch p99)",
+            Box::new(|r| {
+                let d = &r["delta"]["result"];
+                format!(
+                    "{:.1} / {:.1} ms ({:.1} ms)",
+                    f(&d["manager_p50_ms"]),
+                    f(&d["manager_p99_ms"]),
+                    f(&d["raw_p99_ms"])
+                )
+            }),
+        ),
+        (
+            "Snapshot encode, 10 000 objects",
+            Box::new(|r| format!("{:.1} ms", f(&r["snapshot_encode"]["encode_median_ms"]))),
+        ),
+        (
+            "Throughput ratio, 1 000 Agents",
+            Box::new(|r| format!("{:.2}", at_1000(r, "throughput", "ratio"))),
+        ),
+    ];
+    let _ = writeln!(
+        s,
+        "\n**Before and after the fixes** (before: {label}):\n\n| Figure | Before | Now |\n|---|---|---|"
+    );
+    for (name, fig) in rows {
+        let _ = writeln!(s, "| {name} | {} | {} |", fig(before), fig(now));
+    }
+}
+
+pub fn render(md: &str, files: &[String], before: Option<&str>) {
+    let r = load(files);
+    let null = Value::Null;
+    let get = |k: &str| r.get(k).unwrap_or(&null);
+    let kubernetes = get("kubernetes").as_str().unwrap_or("?");
+    let args = std::env::var("BENCH_ARGS").unwrap_or_default();
+    let mut s = String::new();
+    s.push_str(&machine(kubernetes, &args));
+    s.push('\n');
+
+    // --- the summary, one row per item of the issue
+    let _ = writeln!(
+        s,
+        "| # | Measure | Result | Reference (same run) | Ratio | Goal | Met |\n|---|---|---|---|---|---|---|"
+    );
+    let bin = get("binary");
+    let size = f(&bin["bytes"]);
+    let _ = writeln!(
+        s,
+        "| 1 | Binary, stripped static musl | {} ({size:.0} bytes); static: {}, stripped: {} | | | ≤ 8 MB, static | {} |",
+        mb(size),
+        bin["static"],
+        bin["stripped"],
+        met(size <= 8e6 && bin["static"] == true)
+    );
+    let footprints = get("footprint").as_array().cloned().unwrap_or_default();
+    match footprints.iter().find(|x| x["agents"] == 1000) {
+        Some(fp) => {
+            let peak = f(&fp["rss_peak_bytes"]);
+            let steady = f(&fp["rss_steady_bytes"]);
+            let _ = writeln!(
+                s,
+                "| 2 | Memory, 1 000 Agents + pods, managed | peak {} / steady {} | | | ≤ 24 MB (peak) | {} |",
+                mb(peak),
+                mb(steady),
+                met(peak <= 24e6)
+            );
+        }
+        None => {
+            let _ = writeln!(s, "| 2 | Memory, 1 000 Agents | not run | | | ≤ 24 MB | |");
+        }
+    }
+    let d = &get("delta")["result"];
+    if d.is_object() {
+        let (p50, p99) = (f(&d["manager_p50_ms"]), f(&d["manager_p99_ms"]));
+        let (r50, r99) = (f(&d["raw_p50_ms"]), f(&d["raw_p99_ms"]));
+        let _ = writeln!(
+            s,
+            "| 3 | Delta latency, patch → delta at the control plane ({} changes, {} Agents) | p50 {p50:.1} ms / p99 {p99:.1} ms | plain watch p50 {r50:.1} ms / p99 {r99:.1} ms | p99 +{:.1} ms | p99 ≤ 150 ms and ≤ watch + 100 ms | {} |",
+            d["changes"],
+            get("delta")["agents"],
+            p99 - r99,
+            met(p99 <= 150.0 && p99 <= r99 + 100.0)
+        );
+    }
+    let e = get("snapshot_encode");
+    if e.is_object() {
+        let big = footprints.iter().find(|x| x["agents"] == 10_000);
+        let e2e = big.map_or_else(
+            || "end to end at 10 000: run with `--large`".to_owned(),
+            |b| {
+                format!(
+                    "end to end (hello → snapshot at the control plane) {:.0} ms",
+                    f(&b["snapshot_after_hello_ms"])
+                )
+            },
+        );
+        let enc = f(&e["encode_median_ms"]);
+        let _ = writeln!(
+            s,
+            "| 4 | Snapshot of {} objects: encode (median of {}) | {enc:.1} ms, {} | {e2e} | | encode ≤ 50 ms | {} |",
+            e["resources"],
+            e["runs"],
+            mb(f(&e["bytes"])),
+            met(enc <= 50.0)
+        );
+    }
+    let throughput = get("throughput").as_array().cloned().unwrap_or_default();
+    if let Some(t) = throughput.iter().find(|x| x["agents"] == 1000) {
+        let ratio = f(&t["ratio"]);
+        let _ = writeln!(
+            s,
+            "| 5 | 1 000 Agents created at once → 1 000 pods exist | {:.1} s | 1 000 equivalent pods created directly: {:.1} s | {ratio:.2} | ≥ 0.8 | {} |",
+            f(&t["manager_s"]),
+            f(&t["direct_s"]),
+            met(ratio >= 0.8)
+        );
+    }
+    let rc = &get("reconnect")["result"];
+    if rc.is_object() {
+        let _ = writeln!(
+            s,
+            "| 6 | Reconnect: control plane back → snapshot ({} Agents, median of {}) | {:.0} ms (max {:.0} ms) | backoff floor {} ms | | | |",
+            get("reconnect")["agents"],
+            rc["rounds"],
+            f(&rc["median_ms"]),
+            f(&rc["max_ms"]),
+            rc["backoff_floor_ms"]
+        );
+    }
+    let sh_ = get("shell");
+    if sh_.is_object() {
+        let direct = f(&sh_["direct_bytes_per_s"]);
+        let echo = format!(
+            "echo p50 {:.1} ms / p99 {:.1} ms",
+            f(&sh_["direct_echo_p50_ms"]),
+            f(&sh_["direct_echo_p99_ms"])
+        );
+        match sh_["not_measured"].as_str() {
+            Some(why) => {
+                let _ = writeln!(
+                    s,
+                    "| 7 | Shell proxy: `cat` of {} | **not yet measured**: {} | `kubectl exec`: {}/s; {echo} | | ≥ 0.8× direct | not measured |",
+                    mb(f(&sh_["file_bytes"])),
+                    why.replace('|', "\\|"),
+                    mb(direct)
+                );
+            }
+            None => {
+                let ratio = f(&sh_["ratio"]);
+                let _ = writeln!(
+                    s,
+                    "| 7 | Shell proxy: `cat` of {}; keystroke echo | {}/s; echo p50 {:.1} ms / p99 {:.1} ms | `kubectl exec`: {}/s; {echo} | {ratio:.2} | ≥ 0.8× direct | {} |",
+                    mb(f(&sh_["file_bytes"])),
+                    mb(f(&sh_["proxy_bytes_per_s"])),
+                    f(&sh_["proxy_echo_p50_ms"]),
+                    f(&sh_["proxy_echo_p99_ms"]),
+                    mb(direct),
+                    met(ratio >= 0.8)
+                );
+            }
+        }
+    } else {
+        let _ = writeln!(
+            s,
+            "| 7 | Shell proxy | not run: no test bed with a node | | | ≥ 0.8× direct | |"
+        );
+    }
+
+    // --- memory by object count
+    let _ = writeln!(
+        s,
+        "\n**Memory and snapshot by object count** (a fresh manager on a namespace that already holds the Agents, their pods and Secrets; steady = median VmRSS over 5 s after the snapshot, peak = VmHWM):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| Agents | Steady RSS | of which heap/stacks / binary pages | Peak RSS | Growth per Agent (steady) | Snapshot size | Hello → snapshot | Start → snapshot |\n|---|---|---|---|---|---|---|---|"
+    );
+    let mut prev: Option<&Value> = None;
+    for fp in &footprints {
+        let growth = prev.map_or_else(
+            || "".to_owned(),
+            |p| {
+                let dn = f(&fp["agents"]) - f(&p["agents"]);
+                let db = f(&fp["rss_steady_bytes"]) - f(&p["rss_steady_bytes"]);
+                format!("{:.0} bytes", db / dn)
+            },
+        );
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} / {} | {} | {growth} | {:.0} bytes | {:.0} ms | {:.0} ms |",
+            fp["agents"],
+            mb(f(&fp["rss_steady_bytes"])),
+            mb(f(&fp["rss_anon_bytes"])),
+            mb(f(&fp["rss_file_bytes"])),
+            mb(f(&fp["rss_peak_bytes"])),
+            f(&fp["snapshot_bytes"]),
+            f(&fp["snapshot_after_hello_ms"]),
+            f(&fp["snapshot_after_start_ms"]),
+        );
+        prev = Some(fp);
+    }
+    if !throughput.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n**Reconcile throughput** ({} creates in flight for both):\n\n| Agents | Manager: Agents → pods | Direct: pods | Ratio (direct / manager) |\n|---|---|---|---|",
+            throughput[0]["concurrency"]
+        );
+        for t in &throughput {
+            let _ = writeln!(
+                s,
+                "| {} | {:.1} s | {:.1} s | {:.2} |",
+                t["agents"],
+                f(&t["manager_s"]),
+                f(&t["direct_s"]),
+                f(&t["ratio"])
+            );
+        }
+    }
+    if let Some(file) = before {
+        before_after(&mut s, &load(&[file.to_owned()]), &r, &format!("`{file}`"));
+    }
+    let _ = writeln!(
+        s,
+        "\nRaw results: `{}`. MB = 10^6 bytes.",
+        files.join("`, `")
+    );
+
+    let old = std::fs::read_to_string(md).unwrap_or_default();
+    let new = match (old.find(BEGIN), old.find(END)) {
+        (Some(b), Some(e)) if b < e => {
+            format!("{}{BEGIN}\n{s}{}", &old[..b], &old[e..])
+        }
+        _ => format!("{old}\n{BEGIN}\n{s}{END}\n"),
+    };
+    std::fs::write(md, new).unwrap_or_else(|e| panic!("{md}: {e}"));
+    eprintln!("{md} updated");
+}
