@@ -64,8 +64,11 @@ impl<K: ResourceExt> Cache<K> {
         self.len() == 0
     }
 
-    fn insert(&self, obj: K) -> Arc<K> {
+    fn insert(&self, mut obj: K) -> Arc<K> {
         let key = (obj.namespace().unwrap_or_default(), obj.name_any());
+        // Server-side apply's field ownership: nothing here reads it, and it is often
+        // the largest part of a pod's metadata (BENCHMARKS.md, memory).
+        obj.managed_fields_mut().clear();
         let obj = Arc::new(obj);
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
         objects.insert(key, obj.clone());
