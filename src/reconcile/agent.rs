@@ -344,7 +344,11 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
     if let Ok(refs) = &refs
         && agent.metadata.deletion_timestamp.is_none()
     {
-        refused = ctx.apply(&ns, &desired_secret(&agent, refs)).await?.err();
+        let cached = ctx.secrets.get(&ns, &secret_name(&name));
+        refused = ctx
+            .apply(&ns, &desired_secret(&agent, refs), cached.as_deref())
+            .await?
+            .err();
     }
     let current = ctx.pods.get(&ns, &name);
     let mut plan = plan(&agent, &desired, current.as_deref());

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use kube::{Resource, ResourceExt};
+use serde_json::Value;
 
 use crate::crd::Kind;
 
@@ -65,6 +66,21 @@ pub fn is_owned_by(child: &ObjectMeta, uid: Option<&str>) -> bool {
         .iter()
         .flatten()
         .any(|r| r.controller == Some(true) && r.uid == uid)
+}
+
+/// Whether `actual` holds every field `desired` sets, with the same value; fields the
+/// API server adds (defaults, metadata) are ignored. Lists must have the same length and
+/// hold their elements in order.
+pub fn holds(actual: &Value, desired: &Value) -> bool {
+    match (actual, desired) {
+        (Value::Object(a), Value::Object(d)) => d
+            .iter()
+            .all(|(k, dv)| dv.is_null() || a.get(k).is_some_and(|av| holds(av, dv))),
+        (Value::Array(a), Value::Array(d)) => {
+            a.len() == d.len() && a.iter().zip(d).all(|(x, y)| holds(x, y))
+        }
+        _ => actual == desired,
+    }
 }
 
 /// 64-bit FNV-1a: stable across Rust releases (unlike `DefaultHasher`), so an upgrade of
@@ -247,6 +263,26 @@ pub fn cap_utf8(s: &str, max: usize) -> &str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn holds_ignores_what_the_server_adds_but_not_what_we_set() {
+        use serde_json::json;
+        let desired = json!({"metadata": {"name": "a", "labels": {"x": "1"}},
+                             "spec": {"ports": [{"port": 80}]}, "data": {"k": "dg=="}});
+        let actual = json!({"metadata": {"name": "a", "uid": "u", "labels": {"x": "1", "y": "2"}},
+                            "spec": {"ports": [{"port": 80, "protocol": "TCP"}], "clusterIP": "10.0.0.1"},
+                            "data": {"k": "dg=="}});
+        assert!(holds(&actual, &desired));
+        let mut changed = actual.clone();
+        changed["data"]["k"] = json!("dw==");
+        assert!(!holds(&changed, &desired));
+        let mut extra_port = actual.clone();
+        extra_port["spec"]["ports"] = json!([{"port": 80}, {"port": 81}]);
+        assert!(!holds(&extra_port, &desired));
+        let mut no_label = actual;
+        no_label["metadata"]["labels"] = json!({"y": "2"});
+        assert!(!holds(&no_label, &desired));
+    }
+
     use super::*;
 
     fn pod(yaml: &str) -> Pod {

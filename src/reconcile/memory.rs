@@ -96,7 +96,16 @@ pub async fn reconcile(ctx: &Context, memory: Arc<Memory>) -> Result<Outcome, Er
         _ if memory.metadata.deletion_timestamp.is_some() => {
             (MemoryPhase::Pending, "deletion requested".to_owned(), None)
         }
-        Source::Url(url) => match ctx.apply(&ns, &desired_secret(&memory, &url)).await? {
+        Source::Url(url) => match ctx
+            .apply(
+                &ns,
+                &desired_secret(&memory, &url),
+                ctx.secrets
+                    .get(&ns, &secret_name(&memory.name_any()))
+                    .as_deref(),
+            )
+            .await?
+        {
             Ok(()) => (
                 MemoryPhase::Bound,
                 String::new(),

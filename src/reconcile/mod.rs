@@ -188,7 +188,17 @@ impl Context {
     /// Server-side applies a child. The outer error is transient; the inner one says the
     /// API server refused it or a same-named object belongs to someone else (we never
     /// take over or delete what is not ours).
-    pub async fn apply<T>(&self, ns: &str, obj: &T) -> Result<Result<(), String>, Error>
+    ///
+    /// `cached` is the watch cache's copy: when it is ours and already holds every field
+    /// of `obj`, nothing is sent (most reconciles of an Agent change nothing, and a GET
+    /// plus an apply each would double the API server's work). A change made to the
+    /// child since arrives as a watch event that requeues the owner.
+    pub async fn apply<T>(
+        &self,
+        ns: &str,
+        obj: &T,
+        cached: Option<&T>,
+    ) -> Result<Result<(), String>, Error>
     where
         T: Resource<DynamicType = (), Scope = NamespaceResourceScope>
             + Clone
@@ -200,6 +210,15 @@ impl Context {
         let name = obj.name_any();
         let kind = T::kind(&());
         let owner = obj.owner_references().first().map(|r| r.uid.as_str());
+        if let Some(cached) = cached
+            && common::is_owned_by(cached.meta(), owner)
+            && common::holds(
+                &serde_json::to_value(cached).unwrap_or_default(),
+                &serde_json::to_value(obj).unwrap_or_default(),
+            )
+        {
+            return Ok(Ok(()));
+        }
         let existing = api
             .get_opt(&name)
             .await

@@ -129,7 +129,14 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
         (ToolPhase::Pending, "deletion requested".to_owned())
     } else if let Err(why) = validate(&tool) {
         (ToolPhase::Error, why)
-    } else if let Err(why) = ctx.apply(&ns, &desired_service(&tool)).await? {
+    } else if let Err(why) = ctx
+        .apply(
+            &ns,
+            &desired_service(&tool),
+            ctx.services.get(&ns, &tool.name_any()).as_deref(),
+        )
+        .await?
+    {
         (ToolPhase::Error, why)
     } else {
         let desired = desired_pod(&tool);
