@@ -20,16 +20,13 @@ const TOKEN: &str = "tok_live_5e1d7c9a2b4f6a80";
 const LEASE: &str = "autonomic-manager";
 
 fn elected_env(cp: &FakeCp, ns: &str, pod: &str) -> Vec<(&'static str, String)> {
-    vec![
-        ("AUTONOMIC_MANAGED", "true".into()),
-        ("AUTONOMIC_BASE_URL", cp.url()),
-        ("AUTONOMIC_AUTH_TOKEN", TOKEN.into()),
-        ("AUTONOMIC_BACKOFF_INITIAL_MS", "100".into()),
-        ("AUTONOMIC_BACKOFF_MAX_MS", "400".into()),
+    let mut env = managed_vars(cp.url(), TOKEN);
+    env.extend([
         ("AUTONOMIC_LEADER_ELECTION", "true".into()),
         ("POD_NAMESPACE", ns.into()),
         ("POD_NAME", pod.into()),
-    ]
+    ]);
+    env
 }
 
 fn start(ns: &str, pod: &str, cp: &FakeCp) -> Manager {

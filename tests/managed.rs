@@ -15,14 +15,9 @@ use support::*;
 const TOKEN: &str = "tok_live_3f9a1c7e5b2d4a60";
 
 fn managed_env(cp: &FakeCp) -> Vec<(&'static str, String)> {
-    vec![
-        ("AUTONOMIC_MANAGED", "true".into()),
-        ("AUTONOMIC_BASE_URL", cp.url()),
-        ("AUTONOMIC_AUTH_TOKEN", TOKEN.into()),
-        ("AUTONOMIC_BACKOFF_INITIAL_MS", "100".into()),
-        ("AUTONOMIC_BACKOFF_MAX_MS", "400".into()),
-        ("AUTONOMIC_CLUSTER_ID", "test-cluster".into()),
-    ]
+    let mut env = managed_vars(cp.url(), TOKEN);
+    env.push(("AUTONOMIC_CLUSTER_ID", "test-cluster".into()));
+    env
 }
 
 fn start(ns: &str, env: &[(&'static str, String)]) -> Manager {

@@ -22,16 +22,10 @@ const OUTPUT_WAIT: Duration = Duration::from_secs(60);
 const IDLE: &str = r#"["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]"#;
 
 fn start(ns: &str, cp: &FakeCp, extra: &[(&str, &str)]) -> Manager {
-    let url = cp.url();
-    let mut env = vec![
-        ("AUTONOMIC_MANAGED", "true"),
-        ("AUTONOMIC_BASE_URL", url.as_str()),
-        ("AUTONOMIC_AUTH_TOKEN", TOKEN),
-        ("AUTONOMIC_BACKOFF_INITIAL_MS", "100"),
-        ("AUTONOMIC_BACKOFF_MAX_MS", "400"),
-    ];
-    env.extend_from_slice(extra);
-    Manager::start(ns, &env)
+    let env = managed_vars(cp.url(), TOKEN);
+    let mut pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    pairs.extend_from_slice(extra);
+    Manager::start(ns, &pairs)
 }
 
 async fn agent(ns: &TestNamespace, name: &str, extra_spec: &str) -> Agent {

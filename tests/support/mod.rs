@@ -348,6 +348,18 @@ impl Drop for Manager {
     }
 }
 
+/// The environment of a managed manager dialling the fake control plane at `url`, with
+/// a fast backoff (100 ms … 400 ms) for tests.
+pub fn managed_vars(url: String, token: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("AUTONOMIC_MANAGED", "true".into()),
+        ("AUTONOMIC_BASE_URL", url),
+        ("AUTONOMIC_AUTH_TOKEN", token.into()),
+        ("AUTONOMIC_BACKOFF_INITIAL_MS", "100".into()),
+        ("AUTONOMIC_BACKOFF_MAX_MS", "400".into()),
+    ]
+}
+
 /// A JSON merge patch of object `name`.
 pub async fn merge<K>(api: &Api<K>, name: &str, patch: serde_json::Value)
 where
