@@ -19,6 +19,47 @@ use serde::de::DeserializeOwned;
 /// `(namespace, name)`.
 pub type ObjKey = (String, String);
 
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// What a cached object may shed: the fields nothing in the manager reads. One Pod, Agent
+/// and Secret are cached per Agent, so this is most of the manager's memory.
+pub trait Slim {
+    fn slim(&mut self) {}
+}
+
+impl Slim for k8s_openapi::api::core::v1::Pod {
+    /// Kept: metadata, status, `nodeName`, `restartPolicy` and the containers' names
+    /// (the wire form, the shell's container check, and the spec-hash annotation that
+    /// decides recreation). Dropped: the rest of the spec (images, env, volumes, …).
+    fn slim(&mut self) {
+        use k8s_openapi::api::core::v1::{Container, PodSpec};
+        if let Some(spec) = self.spec.take() {
+            let names = |cs: Vec<Container>| -> Vec<Container> {
+                cs.into_iter()
+                    .map(|c| Container {
+                        name: c.name,
+                        ..Default::default()
+                    })
+                    .collect()
+            };
+            self.spec = Some(PodSpec {
+                containers: names(spec.containers),
+                init_containers: spec.init_containers.map(names),
+                node_name: spec.node_name,
+                restart_policy: spec.restart_policy,
+                ..Default::default()
+            });
+        }
+    }
+}
+
+impl Slim for k8s_openapi::api::core::v1::Secret {}
+impl Slim for k8s_openapi::api::core::v1::Service {}
+impl Slim for crate::crd::Agent {}
+impl Slim for crate::crd::Tool {}
+impl Slim for crate::crd::Runtime {}
+impl Slim for crate::crd::Memory {}
+
 /// The latest state of every watched object of one type.
 pub struct Cache<K> {
     objects: RwLock<BTreeMap<ObjKey, Arc<K>>>,
@@ -64,11 +105,16 @@ impl<K: ResourceExt> Cache<K> {
         self.len() == 0
     }
 
-    fn insert(&self, mut obj: K) -> Arc<K> {
+    fn insert(&self, mut obj: K) -> Arc<K>
+    where
+        K: Slim,
+    {
         let key = (obj.namespace().unwrap_or_default(), obj.name_any());
-        // Server-side apply's field ownership: nothing here reads it, and it is often
-        // the largest part of a pod's metadata (BENCHMARKS.md, memory).
+        // Server-side apply's field ownership and kubectl's copy of the last applied
+        // object: nothing here reads them, and they can double an object's size.
         obj.managed_fields_mut().clear();
+        obj.annotations_mut().remove(LAST_APPLIED);
+        obj.slim();
         let obj = Arc::new(obj);
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
         objects.insert(key, obj.clone());
@@ -128,7 +174,7 @@ pub async fn drive<K>(
     gate: Arc<SyncGate>,
     on_change: impl Fn(Change<'_, K>) + Send,
 ) where
-    K: Resource + ResourceExt + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource + ResourceExt + Slim + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     gate.expect();
     let mut first_sync = true;

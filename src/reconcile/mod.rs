@@ -452,6 +452,9 @@ fn api_message(e: &kube::Error) -> String {
     }
 }
 
+/// Objects per list request of the initial (and every re-) list.
+const LIST_PAGE: u32 = 100;
+
 /// Starts one watch per type and watched namespace, feeding the caches and the queue.
 /// `notify` hears every change too (the connector's deltas).
 pub fn spawn_watches(
@@ -471,7 +474,9 @@ pub fn spawn_watches(
                     Some(ns) => Api::namespaced(ctx.client.clone(), ns),
                     None => Api::all(ctx.client.clone()),
                 };
-                let mut wc = watcher::Config::default();
+                // Small pages: a list's page is held whole, at full size, before the
+                // cache slims its objects; 500 pods (the default) is most of the peak.
+                let mut wc = watcher::Config::default().page_size(LIST_PAGE);
                 if let Some(sel) = $selector {
                     wc = wc.labels(sel);
                 }
