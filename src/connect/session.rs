@@ -17,7 +17,7 @@ use super::shell::{Outgoing, Reply, Shells};
 use super::socket::Socket;
 use super::{Link, wire};
 use crate::audit::now_rfc3339;
-use crate::connect::frame::{Delta, ErrorFrame, Heartbeat, Snapshot};
+use crate::connect::frame::{Delta, ErrorFrame, Heartbeat};
 use crate::reconcile::Context;
 
 /// How a session ended, which decides the wait before the next dial.
@@ -84,12 +84,8 @@ impl Conn<'_> {
         // Everything pending is in the snapshot.
         self.link().take_dirty();
         self.seq += 1;
-        let resources = wire::all(self.ctx);
-        let frame = Frame::Snapshot(Snapshot {
-            seq: self.seq,
-            resources,
-        });
-        self.send(&frame).await?;
+        let text = wire::snapshot_text(self.ctx, self.seq);
+        self.send_message(Message::text(text)).await?;
         self.link().snapshots_sent.fetch_add(1, Relaxed);
         Ok(())
     }

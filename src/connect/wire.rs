@@ -196,17 +196,55 @@ pub fn pending_changes(ctx: &Context) -> Vec<crate::connect::frame::Change> {
 
 /// Every watched custom resource, for a snapshot.
 pub fn all(ctx: &Context) -> Vec<Value> {
-    let mut out = Vec::new();
-    out.extend(ctx.agents.all().iter().map(|a| agent(ctx, a)));
-    out.extend(ctx.tools.all().iter().map(|t| tool(ctx, t)));
-    out.extend(ctx.runtimes.all().iter().map(|r| runtime(r)));
-    out.extend(ctx.memories.all().iter().map(|m| memory(m)));
+    each(ctx).collect()
+}
+
+/// Every watched object's wire form, built one at a time.
+fn each(ctx: &Context) -> impl Iterator<Item = Value> + '_ {
+    let agents = ctx.agents.all().into_iter().map(|a| agent(ctx, &a));
+    let tools = ctx.tools.all().into_iter().map(|t| tool(ctx, &t));
+    let runtimes = ctx.runtimes.all().into_iter().map(|r| runtime(&r));
+    let memories = ctx.memories.all().into_iter().map(|m| memory(&m));
+    agents.chain(tools).chain(runtimes).chain(memories)
+}
+
+/// The `snapshot` frame's text, written one resource at a time: the same text as
+/// encoding a [`super::frame::Snapshot`], without holding every wire form as a JSON tree
+/// at once (at 1 000 Agents that tree is several times the text's size).
+pub fn snapshot_text(ctx: &Context, seq: u64) -> String {
+    snapshot_text_of(seq, each(ctx))
+}
+
+fn snapshot_text_of(seq: u64, resources: impl Iterator<Item = Value>) -> String {
+    let mut out = format!(r#"{{"type":"snapshot","seq":{seq},"resources":["#);
+    for (i, r) in resources.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&r.to_string());
+    }
+    out.push_str("]}");
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_streamed_snapshot_is_the_encoded_frame() {
+        use crate::connect::frame::{self, Frame, Snapshot};
+        for n in [0, 1, 3] {
+            let resources: Vec<Value> = (0..n)
+                .map(|i| json!({"kind": "Agent", "name": format!("a{i}"), "spec": {"x": [1, "é"]}}))
+                .collect();
+            let text = snapshot_text_of(7, resources.clone().into_iter());
+            assert_eq!(
+                text,
+                frame::encode(&Frame::Snapshot(Snapshot { seq: 7, resources }))
+            );
+        }
+    }
 
     #[test]
     fn keys_become_snake_case_but_data_keys_do_not() {
