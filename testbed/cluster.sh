@@ -630,6 +630,16 @@ cmd_up() {
 
     # Fresh state every time (fresh etcd data in particular).
     cmd_down
+    # Something else on our ports (another bed's API server) would answer our health
+    # checks, and this bed would report ready while the caller writes into the other.
+    local port tries
+    for port in "$APISERVER_PORT" "$ETCD_PORT" "$ETCD_PEER_PORT"; do
+        for tries in 1 2 3 4 5 6; do
+            (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null || continue 2
+            sleep 0.5
+        done
+        die "port ${port} is in use (another test bed?): set AUTONOMIC_TESTBED_APISERVER_PORT / _ETCD_PORT / _ETCD_PEER_PORT"
+    done
     mkdir -p "$STATE" "$LOGS" "$PIDS"
     printf '%s\n' "$([[ "$full" == 1 ]] && echo full || echo apiserver-only)" >"${STATE}/mode"
     trap on_up_exit EXIT
