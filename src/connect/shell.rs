@@ -121,14 +121,6 @@ pub enum Reply {
 }
 
 impl Shells {
-    pub fn len(&self) -> usize {
-        self.open.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.open.is_empty()
-    }
-
     /// `io_open`: checks the rule of §6, then starts the exec. A refusal is audited as
     /// `session.denied` and answered with `io_close` `denied`.
     pub fn open(&mut self, ctx: &Context, o: IoOpen) -> Reply {
@@ -197,10 +189,7 @@ impl Shells {
             Err(e) => return Reply::Error("bad_frame", e.to_string()),
         };
         let Some(s) = self.open.get_mut(&chunk.channel) else {
-            return Reply::Error(
-                "unknown_channel",
-                format!("no session on channel {}", chunk.channel),
-            );
+            return no_session(chunk.channel);
         };
         if chunk.stream != Stream::Stdin {
             return Reply::Error(
@@ -236,10 +225,7 @@ impl Shells {
                 s.resize.send_replace((r.cols, r.rows));
                 Reply::None
             }
-            None => Reply::Error(
-                "unknown_channel",
-                format!("no session on channel {}", r.channel),
-            ),
+            None => no_session(r.channel),
         }
     }
 
@@ -251,10 +237,7 @@ impl Shells {
                 let _ = s.close.send(Some("closed by the control plane".into()));
                 Reply::None
             }
-            None => Reply::Error(
-                "unknown_channel",
-                format!("no session on channel {}", c.channel),
-            ),
+            None => no_session(c.channel),
         }
     }
 
@@ -302,12 +285,8 @@ impl Shells {
                             finish(ctx, s, Exit { reason: reason.to_owned(), ..exit });
                         }
                     }
-                    Some(Event::Output(channel, _, data)) => {
-                        if let Some(s) = self.open.get_mut(&channel) {
-                            s.bytes_out += data.len() as u64;
-                        }
-                    }
-                    Some(Event::Opened(_)) => {}
+                    // Never sent: not counted in `bytes_out`.
+                    Some(Event::Output(..) | Event::Opened(_)) => {}
                     None => break,
                 },
                 _ = sleep_until(deadline) => break,
@@ -326,6 +305,13 @@ impl Shells {
             );
         }
     }
+}
+
+fn no_session(channel: u32) -> Reply {
+    Reply::Error(
+        "unknown_channel",
+        format!("no session on channel {channel}"),
+    )
 }
 
 impl Drop for Shells {
@@ -529,6 +515,16 @@ impl Exec {
         let mut cut_at: Option<Instant> = None;
         let mut kill_pending = false;
         let mut reason: Option<String> = None;
+        let spawn_kill = |pid: u32| {
+            let (ns, pod, container) = (&self.namespace, &self.pod, &self.container);
+            tokio::spawn(kill(
+                self.client.clone(),
+                ns.clone(),
+                pod.clone(),
+                container.clone(),
+                pid,
+            ));
+        };
         // Stdin is fed from its own future so that a process not reading its input
         // cannot stop its output from being read (the exec's pipes would deadlock).
         let pending = self.stdin_pending.clone();
@@ -552,7 +548,7 @@ impl Exec {
                         let data = marker.feed(&out_buf[..n]);
                         if kill_pending && let Some(pid) = marker.pid {
                             kill_pending = false;
-                            tokio::spawn(kill(self.client.clone(), self.namespace.clone(), self.pod.clone(), self.container.clone(), pid));
+                            spawn_kill(pid);
                         }
                         if !data.is_empty() && self.events.send(Event::Output(self.channel, Stream::Stdout, data)).await.is_err() {
                             process.abort();
@@ -581,9 +577,7 @@ impl Exec {
                     reason = self.close.borrow().clone();
                     cut_at = Some(Instant::now() + KILL_GRACE);
                     match marker.pid {
-                        Some(pid) => {
-                            tokio::spawn(kill(self.client.clone(), self.namespace.clone(), self.pod.clone(), self.container.clone(), pid));
-                        }
+                        Some(pid) => spawn_kill(pid),
                         // The pid is still on its way: the kill follows it (above).
                         None => kill_pending = true,
                     }
