@@ -127,7 +127,7 @@ fn metrics(ctx: &Context) -> String {
         ),
         (
             "autonomic_bytes_sent_total",
-            "Bytes of text frames sent.",
+            "Bytes of frames sent: text, shell output and pings.",
             n(&link.bytes_sent),
         ),
         (
