@@ -87,8 +87,11 @@ struct Session {
     stdin_pending: Arc<AtomicUsize>,
     resize: watch::Sender<(u16, u16)>,
     close: watch::Sender<Option<String>>,
+    /// Input handed to the process (not what was dropped at an overflow).
     bytes_in: u64,
     bytes_out: u64,
+    /// Closed for too much unread input.
+    overflowed: bool,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -176,6 +179,7 @@ impl Shells {
                 close,
                 bytes_in: 0,
                 bytes_out: 0,
+                overflowed: false,
                 task,
             },
         );
@@ -203,16 +207,21 @@ impl Shells {
         if chunk.data.is_empty() {
             return Reply::None;
         }
+        if s.overflowed {
+            // Closing already: its io_close follows; more input goes nowhere.
+            return Reply::None;
+        }
         let pending = s.stdin_pending.fetch_add(chunk.data.len(), Relaxed) + chunk.data.len();
-        s.bytes_in += chunk.data.len() as u64;
         if pending > STDIN_LIMIT {
             let reason = format!(
                 "input overflow: over {STDIN_LIMIT} bytes waiting for the process to read them"
             );
             tracing::warn!(channel = chunk.channel, %reason, "closing shell session");
+            s.overflowed = true;
             let _ = s.close.send(Some(reason));
             return Reply::None;
         }
+        s.bytes_in += chunk.data.len() as u64;
         // The session task holds the receiver until it ends; a closed channel means it is
         // ending and its `Exited` is on the way.
         let _ = s.stdin.send(chunk.data.to_vec());
