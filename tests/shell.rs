@@ -478,6 +478,52 @@ async fn every_refusal_is_denied_audited_and_the_connection_stays() {
     assert_eq!(cp.accepted(), 1);
 }
 
+#[tokio::test]
+async fn input_the_process_does_not_read_closes_the_session_past_its_bound() {
+    require_node();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "sh-stdin").await;
+    let cp = FakeCp::start().await;
+    let _m = start(&ns.name, &cp, &[]);
+    active(&ns, "deaf").await;
+    cp.wait_frame("snapshot", |r| r.frame_type() == Some("snapshot"))
+        .await;
+    // `sleep` never reads its stdin: the bytes pile up until the manager's 1 MiB bound
+    // (past the exec's and the sockets' own buffers), which closes the session.
+    open(
+        &cp,
+        1,
+        target(&ns.name, "deaf"),
+        Some(&["sleep", "3604"]),
+        false,
+    )
+    .await;
+    cp.wait_frame("io_opened 1", frame_on("io_opened", 1)).await;
+    // 16 MiB: far past the bound plus what the exec stream and the sockets buffer.
+    let chunk = vec![b'x'; 64 * 1024];
+    for _ in 0..256 {
+        let mut b = 1u32.to_be_bytes().to_vec();
+        b.push(0);
+        b.extend_from_slice(&chunk);
+        cp.send_binary(b).await;
+    }
+    let close = cp.wait_frame("io_close 1", frame_on("io_close", 1)).await;
+    let reason = close.json().unwrap()["reason"].as_str().unwrap().to_owned();
+    assert!(reason.starts_with("input overflow"), "{reason}");
+    wait_no_process(&client, &ns.name, "deaf", "sleep 3604").await;
+    let ev = cp
+        .wait_frame("session.close", audit_of("session.close", "sess-1".into()))
+        .await;
+    let detail = &ev.json().unwrap()["event"]["detail"];
+    assert!(
+        detail["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("input overflow")
+    );
+    assert_eq!(cp.accepted(), 1, "the connection stayed up");
+}
+
 fn count_errors(cp: &FakeCp) -> usize {
     cp.frames()
         .iter()
