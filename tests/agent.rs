@@ -92,6 +92,23 @@ async fn agent_runs_as_pod_with_config_secret_labels_and_events() {
         serde_json::from_slice(&secret.data.unwrap()["config.json"].0).unwrap();
     assert_eq!(config["agent"], "triage");
 
+    // A hand edit of the config Secret is undone: the watch requeues the Agent, and the
+    // cached copy no longer holds the desired data, so it is applied again.
+    let secrets: Api<Secret> = ns.api();
+    merge(
+        &secrets,
+        "triage-agent",
+        json!({"data": {"config.json": "e30="}}),
+    )
+    .await;
+    wait_for(&secrets, "triage-agent", "config.json restored", |s| {
+        s.data.as_ref().is_some_and(|d| {
+            serde_json::from_slice::<serde_json::Value>(&d["config.json"].0)
+                .is_ok_and(|c| c["agent"] == "triage")
+        })
+    })
+    .await;
+
     // `kubectl describe` tells the story: an Event for the phase change.
     let events: Api<k8s_openapi::api::events::v1::Event> = ns.api();
     wait_until("an Active event", || async {
