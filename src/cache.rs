@@ -28,28 +28,37 @@ pub trait Slim {
 }
 
 impl Slim for k8s_openapi::api::core::v1::Pod {
-    /// Kept: metadata, status, `nodeName`, `restartPolicy` and the containers' names
-    /// (the wire form, the shell's container check, and the spec-hash annotation that
-    /// decides recreation). Dropped: the rest of the spec (images, env, volumes, …).
+    /// Kept: metadata, `nodeName`, and of the status the phase, reason, message,
+    /// conditions and each container's name, readiness, restarts and state (the wire
+    /// form, the Agent's health, the shell's checks). Dropped: the rest of the spec
+    /// (containers, volumes, …: k8s-openapi's structs are large even when empty) and of
+    /// the status (images, ids, IPs, last states, resources).
     fn slim(&mut self) {
-        use k8s_openapi::api::core::v1::{Container, PodSpec};
-        if let Some(spec) = self.spec.take() {
-            let names = |cs: Vec<Container>| -> Vec<Container> {
-                cs.into_iter()
-                    .map(|c| Container {
-                        name: c.name,
-                        ..Default::default()
-                    })
-                    .collect()
-            };
-            self.spec = Some(PodSpec {
-                containers: names(spec.containers),
-                init_containers: spec.init_containers.map(names),
-                node_name: spec.node_name,
-                restart_policy: spec.restart_policy,
-                ..Default::default()
-            });
-        }
+        use k8s_openapi::api::core::v1::{ContainerStatus, PodSpec, PodStatus};
+        let states = |cs: Vec<ContainerStatus>| -> Vec<ContainerStatus> {
+            cs.into_iter()
+                .map(|c| ContainerStatus {
+                    name: c.name,
+                    ready: c.ready,
+                    restart_count: c.restart_count,
+                    state: c.state,
+                    ..Default::default()
+                })
+                .collect()
+        };
+        self.spec = self.spec.take().map(|spec| PodSpec {
+            node_name: spec.node_name,
+            ..Default::default()
+        });
+        self.status = self.status.take().map(|status| PodStatus {
+            phase: status.phase,
+            reason: status.reason,
+            message: status.message,
+            conditions: status.conditions,
+            container_statuses: status.container_statuses.map(states),
+            init_container_statuses: status.init_container_statuses.map(states),
+            ..Default::default()
+        });
     }
 }
 
@@ -59,6 +68,18 @@ impl Slim for crate::crd::Agent {}
 impl Slim for crate::crd::Tool {}
 impl Slim for crate::crd::Runtime {}
 impl Slim for crate::crd::Memory {}
+
+/// What the cache keeps of an object: the object less what nothing here reads (server-side
+/// apply's field ownership and kubectl's copy of the last applied object, which can double
+/// an object's size, and what [`Slim`] sheds).
+pub fn trim<K: Resource + Slim>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+    obj.slim();
+}
 
 /// The latest state of every watched object of one type.
 pub struct Cache<K> {
@@ -110,11 +131,7 @@ impl<K: ResourceExt> Cache<K> {
         K: Slim,
     {
         let key = (obj.namespace().unwrap_or_default(), obj.name_any());
-        // Server-side apply's field ownership and kubectl's copy of the last applied
-        // object: nothing here reads them, and they can double an object's size.
-        obj.managed_fields_mut().clear();
-        obj.annotations_mut().remove(LAST_APPLIED);
-        obj.slim();
+        trim(&mut obj);
         let obj = Arc::new(obj);
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
         objects.insert(key, obj.clone());
@@ -194,7 +211,7 @@ pub async fn drive<K>(
             Event::Init => seen.clear(),
             Event::InitApply(obj) => {
                 seen.insert((obj.namespace().unwrap_or_default(), obj.name_any()));
-                let obj = cache.insert(strip(obj));
+                let obj = cache.insert(obj);
                 on_change(Change::Upsert(&obj));
             }
             Event::InitDone => {
@@ -208,7 +225,7 @@ pub async fn drive<K>(
                 }
             }
             Event::Apply(obj) => {
-                let obj = cache.insert(strip(obj));
+                let obj = cache.insert(obj);
                 on_change(Change::Upsert(&obj));
             }
             Event::Delete(obj) => {
@@ -220,8 +237,109 @@ pub async fn drive<K>(
     }
 }
 
-/// managedFields are large and never read: dropping them keeps the cache small.
-fn strip<K: Resource>(mut obj: K) -> K {
-    obj.meta_mut().managed_fields = None;
-    obj
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connect::wire::pod_wire;
+    use crate::reconcile::common::pod_health;
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::json;
+
+    /// A pod as the API server serves it: a running agent pod with two containers.
+    fn served() -> serde_json::Value {
+        let container = |name: &str| {
+            json!({"name": name, "image": "registry.example/agent:1.2.3",
+                "args": ["--serve"], "env": [{"name": "A", "value": "b"}],
+                "resources": {"limits": {"memory": "512Mi"}},
+                "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}},
+                "volumeMounts": [{"name": "config", "mountPath": "/etc/autonomic"}]})
+        };
+        let status = |name: &str| {
+            json!({"name": name, "ready": true, "restartCount": 2, "started": true,
+                "image": "registry.example/agent:1.2.3",
+                "imageID": "registry.example/agent@sha256:0123456789abcdef0123456789abcdef",
+                "containerID": "containerd://0123456789abcdef0123456789abcdef",
+                "state": {"running": {"startedAt": "2026-12-02T10:00:00Z"}},
+                "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}})
+        };
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "triage", "namespace": "team-a", "uid": "u-1",
+                "labels": {"autonomic.sh/agent": "triage"},
+                "annotations": {"autonomic.sh/spec-hash": "abc",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{\"big\": true}"},
+                "managedFields": [{"manager": "autonomic-manager", "operation": "Apply"}],
+                "ownerReferences": [{"apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
+                    "name": "triage", "uid": "a-1", "controller": true}]},
+            "spec": {"nodeName": "node-1", "restartPolicy": "Always",
+                "containers": [container("runtime"), container("agentlet")],
+                "volumes": [{"name": "config", "secret": {"secretName": "triage-config"}}]},
+            "status": {"phase": "Running", "qosClass": "Burstable",
+                "hostIP": "10.0.0.1", "podIP": "10.1.0.7", "startTime": "2026-12-02T10:00:00Z",
+                "conditions": [{"type": "Ready", "status": "True"},
+                    {"type": "PodScheduled", "status": "True"}],
+                "containerStatuses": [status("runtime"), status("agentlet")]}
+        })
+    }
+
+    fn trimmed(pod: &Pod) -> Pod {
+        let mut p = pod.clone();
+        trim(&mut p);
+        p
+    }
+
+    /// Slimming drops nothing the manager reads: the wire form and the health computed
+    /// from the cached pod are those of the served pod, in every state.
+    #[test]
+    fn a_trimmed_pod_reads_like_the_served_one() {
+        let mut variants = vec![served()];
+        let mut crashing = served();
+        crashing["status"]["containerStatuses"][0]["ready"] = json!(false);
+        crashing["status"]["containerStatuses"][0]["state"] = json!({"waiting":
+            {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}});
+        variants.push(crashing);
+        let mut failed = served();
+        failed["status"]["phase"] = json!("Failed");
+        failed["status"]["containerStatuses"][1]["state"] =
+            json!({"terminated": {"exitCode": 3, "reason": "Error"}});
+        variants.push(failed);
+        let mut pending = served();
+        pending["status"] = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
+            "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}]});
+        variants.push(pending);
+        for v in variants {
+            let pod: Pod = serde_json::from_value(v).unwrap();
+            let slim = trimmed(&pod);
+            assert_eq!(pod_wire(&slim), pod_wire(&pod));
+            assert_eq!(pod_health(&slim), pod_health(&pod));
+            assert_eq!(
+                slim.metadata.owner_references,
+                pod.metadata.owner_references
+            );
+            assert_eq!(slim.metadata.labels, pod.metadata.labels);
+        }
+    }
+
+    #[test]
+    fn trimming_drops_field_ownership_last_applied_and_the_container_specs() {
+        let pod: Pod = serde_json::from_value(served()).unwrap();
+        let slim = trimmed(&pod);
+        assert_eq!(slim.metadata.managed_fields, None);
+        let annotations = slim.metadata.annotations.as_ref().unwrap();
+        assert_eq!(
+            annotations.keys().collect::<Vec<_>>(),
+            ["autonomic.sh/spec-hash"]
+        );
+        let text = serde_json::to_string(&slim).unwrap();
+        for gone in [
+            "registry.example",
+            "sha256",
+            "containerd://",
+            "10.1.0.7",
+            "lastState",
+        ] {
+            assert!(!text.contains(gone), "{gone} kept: {text}");
+        }
+        assert!(slim.spec.as_ref().unwrap().containers.is_empty());
+    }
 }

@@ -389,20 +389,16 @@ pub fn authorize(ctx: &Context, o: &IoOpen, open: usize) -> Result<String, Strin
         .get(&t.namespace, &pod_name)
         .filter(|p| common::is_owned_by(&p.metadata, agent.metadata.uid.as_deref()))
         .ok_or_else(|| format!("agent {}/{} has no pod of its own", t.namespace, t.agent))?;
-    let has_container = pod
-        .spec
-        .as_ref()
-        .is_some_and(|s| s.containers.iter().any(|c| c.name == t.container));
+    let status = pod.status.as_ref();
+    if status.and_then(|s| s.phase.as_deref()) != Some("Running") {
+        return Err(format!("pod {pod_name} is not running"));
+    }
+    // A running pod reports every container (the cache keeps no container specs).
+    let has_container = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.name == t.container));
     if !has_container {
         return Err(format!("pod {pod_name} has no container {:?}", t.container));
-    }
-    let running = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|p| p == "Running");
-    if !running {
-        return Err(format!("pod {pod_name} is not running"));
     }
     Ok(pod_name)
 }

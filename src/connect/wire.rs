@@ -43,7 +43,7 @@ pub fn snake_case(value: Value) -> Value {
     }
 }
 
-fn pod_wire(pod: &Pod) -> Value {
+pub(crate) fn pod_wire(pod: &Pod) -> Value {
     let status = pod.status.as_ref();
     let containers: Vec<Value> = status
         .and_then(|s| s.container_statuses.as_ref())
