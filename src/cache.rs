@@ -21,45 +21,11 @@ pub type ObjKey = (String, String);
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// What a cached object may shed: the fields nothing in the manager reads. One Pod, Agent
-/// and Secret are cached per Agent, so this is most of the manager's memory.
+/// What a cached object may shed: the fields nothing in the manager reads. One pod, Agent
+/// and Secret are cached per Agent, so this is most of the manager's memory (pods are
+/// cached as the slim [`crate::pod::PodView`]).
 pub trait Slim {
     fn slim(&mut self) {}
-}
-
-impl Slim for k8s_openapi::api::core::v1::Pod {
-    /// Kept: metadata, `nodeName`, and of the status the phase, reason, message,
-    /// conditions and each container's name, readiness, restarts and state (the wire
-    /// form, the Agent's health, the shell's checks). Dropped: the rest of the spec
-    /// (containers, volumes, …: k8s-openapi's structs are large even when empty) and of
-    /// the status (images, ids, IPs, last states, resources).
-    fn slim(&mut self) {
-        use k8s_openapi::api::core::v1::{ContainerStatus, PodSpec, PodStatus};
-        let states = |cs: Vec<ContainerStatus>| -> Vec<ContainerStatus> {
-            cs.into_iter()
-                .map(|c| ContainerStatus {
-                    name: c.name,
-                    ready: c.ready,
-                    restart_count: c.restart_count,
-                    state: c.state,
-                    ..Default::default()
-                })
-                .collect()
-        };
-        self.spec = self.spec.take().map(|spec| PodSpec {
-            node_name: spec.node_name,
-            ..Default::default()
-        });
-        self.status = self.status.take().map(|status| PodStatus {
-            phase: status.phase,
-            reason: status.reason,
-            message: status.message,
-            conditions: status.conditions,
-            container_statuses: status.container_statuses.map(states),
-            init_container_statuses: status.init_container_statuses.map(states),
-            ..Default::default()
-        });
-    }
 }
 
 impl Slim for k8s_openapi::api::core::v1::Secret {}
@@ -234,112 +200,5 @@ pub async fn drive<K>(
                 on_change(Change::Remove(&gone));
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::connect::wire::pod_wire;
-    use crate::reconcile::common::pod_health;
-    use k8s_openapi::api::core::v1::Pod;
-    use serde_json::json;
-
-    /// A pod as the API server serves it: a running agent pod with two containers.
-    fn served() -> serde_json::Value {
-        let container = |name: &str| {
-            json!({"name": name, "image": "registry.example/agent:1.2.3",
-                "args": ["--serve"], "env": [{"name": "A", "value": "b"}],
-                "resources": {"limits": {"memory": "512Mi"}},
-                "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}},
-                "volumeMounts": [{"name": "config", "mountPath": "/etc/autonomic"}]})
-        };
-        let status = |name: &str| {
-            json!({"name": name, "ready": true, "restartCount": 2, "started": true,
-                "image": "registry.example/agent:1.2.3",
-                "imageID": "registry.example/agent@sha256:0123456789abcdef0123456789abcdef",
-                "containerID": "containerd://0123456789abcdef0123456789abcdef",
-                "state": {"running": {"startedAt": "2026-12-02T10:00:00Z"}},
-                "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}})
-        };
-        json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "triage", "namespace": "team-a", "uid": "u-1",
-                "labels": {"autonomic.sh/agent": "triage"},
-                "annotations": {"autonomic.sh/spec-hash": "abc",
-                    "kubectl.kubernetes.io/last-applied-configuration": "{\"big\": true}"},
-                "managedFields": [{"manager": "autonomic-manager", "operation": "Apply"}],
-                "ownerReferences": [{"apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
-                    "name": "triage", "uid": "a-1", "controller": true}]},
-            "spec": {"nodeName": "node-1", "restartPolicy": "Always",
-                "containers": [container("runtime"), container("agentlet")],
-                "volumes": [{"name": "config", "secret": {"secretName": "triage-config"}}]},
-            "status": {"phase": "Running", "qosClass": "Burstable",
-                "hostIP": "10.0.0.1", "podIP": "10.1.0.7", "startTime": "2026-12-02T10:00:00Z",
-                "conditions": [{"type": "Ready", "status": "True"},
-                    {"type": "PodScheduled", "status": "True"}],
-                "containerStatuses": [status("runtime"), status("agentlet")]}
-        })
-    }
-
-    fn trimmed(pod: &Pod) -> Pod {
-        let mut p = pod.clone();
-        trim(&mut p);
-        p
-    }
-
-    /// Slimming drops nothing the manager reads: the wire form and the health computed
-    /// from the cached pod are those of the served pod, in every state.
-    #[test]
-    fn a_trimmed_pod_reads_like_the_served_one() {
-        let mut variants = vec![served()];
-        let mut crashing = served();
-        crashing["status"]["containerStatuses"][0]["ready"] = json!(false);
-        crashing["status"]["containerStatuses"][0]["state"] = json!({"waiting":
-            {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}});
-        variants.push(crashing);
-        let mut failed = served();
-        failed["status"]["phase"] = json!("Failed");
-        failed["status"]["containerStatuses"][1]["state"] =
-            json!({"terminated": {"exitCode": 3, "reason": "Error"}});
-        variants.push(failed);
-        let mut pending = served();
-        pending["status"] = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
-            "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}]});
-        variants.push(pending);
-        for v in variants {
-            let pod: Pod = serde_json::from_value(v).unwrap();
-            let slim = trimmed(&pod);
-            assert_eq!(pod_wire(&slim), pod_wire(&pod));
-            assert_eq!(pod_health(&slim), pod_health(&pod));
-            assert_eq!(
-                slim.metadata.owner_references,
-                pod.metadata.owner_references
-            );
-            assert_eq!(slim.metadata.labels, pod.metadata.labels);
-        }
-    }
-
-    #[test]
-    fn trimming_drops_field_ownership_last_applied_and_the_container_specs() {
-        let pod: Pod = serde_json::from_value(served()).unwrap();
-        let slim = trimmed(&pod);
-        assert_eq!(slim.metadata.managed_fields, None);
-        let annotations = slim.metadata.annotations.as_ref().unwrap();
-        assert_eq!(
-            annotations.keys().collect::<Vec<_>>(),
-            ["autonomic.sh/spec-hash"]
-        );
-        let text = serde_json::to_string(&slim).unwrap();
-        for gone in [
-            "registry.example",
-            "sha256",
-            "containerd://",
-            "10.1.0.7",
-            "lastState",
-        ] {
-            assert!(!text.contains(gone), "{gone} kept: {text}");
-        }
-        assert!(slim.spec.as_ref().unwrap().containers.is_empty());
     }
 }

@@ -9,6 +9,7 @@ pub mod crd;
 pub mod health;
 pub mod leader;
 pub mod metrics;
+pub mod pod;
 pub mod reconcile;
 
 use std::future::Future;

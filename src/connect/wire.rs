@@ -1,12 +1,12 @@
 //! The resource wire form (PROTOCOL.md §5): what a snapshot or delta says about one
 //! custom resource and the pods it owns. Pure: built from cached objects.
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::crd::{Agent, Kind, Memory, Runtime, Tool};
+use crate::pod::PodView;
 use crate::reconcile::Context;
 use crate::reconcile::{PhaseStatus, common, tool};
 
@@ -43,7 +43,7 @@ pub fn snake_case(value: Value) -> Value {
     }
 }
 
-pub(crate) fn pod_wire(pod: &Pod) -> Value {
+pub(crate) fn pod_wire(pod: &PodView) -> Value {
     let status = pod.status.as_ref();
     let containers: Vec<Value> = status
         .and_then(|s| s.container_statuses.as_ref())

@@ -19,6 +19,7 @@ use super::common::{self, Health};
 use super::{Context, Outcome};
 use crate::Error;
 use crate::crd::{Agent, AgentPhase, AgentStatus, Kind, Memory, MemoryRef, Runtime, Tool};
+use crate::pod::PodView;
 
 pub const CONFIG_MOUNT: &str = "/var/run/autonomic";
 
@@ -253,7 +254,7 @@ fn plan_of(action: PodAction, phase: AgentPhase, message: impl Into<String>) -> 
 
 /// Decides the pod action and the phase. `desired` is the pod the Agent should have or
 /// why it cannot have one; `current` is the pod named after the Agent, if any.
-pub fn plan(agent: &Agent, desired: &Result<Pod, String>, current: Option<&Pod>) -> Plan {
+pub fn plan(agent: &Agent, desired: &Result<Pod, String>, current: Option<&PodView>) -> Plan {
     use AgentPhase::*;
     if agent.metadata.deletion_timestamp.is_some() {
         return plan_of(PodAction::Keep, Terminating, "deletion requested");
@@ -310,7 +311,7 @@ pub fn plan(agent: &Agent, desired: &Result<Pod, String>, current: Option<&Pod>)
             "waiting for the previous pod to terminate",
         );
     }
-    if common::pod_spec_hash(pod) != common::pod_spec_hash(desired) {
+    if common::pod_spec_hash(&pod.metadata) != common::pod_spec_hash(&desired.metadata) {
         return plan_of(PodAction::Delete, Pending, "spec changed: recreating pod");
     }
     let always = agent.spec.restart_policy == crate::crd::RestartPolicy::Always;
@@ -438,12 +439,12 @@ mod tests {
         a
     }
 
-    fn owned_pod(a: &Agent, health_yaml: &str) -> Pod {
-        let mut p = desired_pod(a, None, Some("agentlet:1")).unwrap();
-        let s: Pod =
+    /// The desired pod as the cache would hold it once it reports `health_yaml`.
+    fn owned_pod(a: &Agent, health_yaml: &str) -> PodView {
+        let mut p: PodView =
             serde_saphyr::from_str(&format!("{{metadata: {{name: x}}, status: {health_yaml}}}"))
                 .unwrap();
-        p.status = s.status;
+        p.metadata = desired_pod(a, None, Some("agentlet:1")).unwrap().metadata;
         p
     }
 
@@ -504,8 +505,8 @@ mod tests {
         rt2.spec.image = Some("py:4".into());
         let p2 = desired_pod(&a, Some(&rt2), Some("al")).unwrap();
         assert_ne!(
-            common::pod_spec_hash(&p2),
-            common::pod_spec_hash(&desired_pod(&a, Some(&rt), Some("al")).unwrap())
+            common::pod_spec_hash(&p2.metadata),
+            common::pod_spec_hash(&desired_pod(&a, Some(&rt), Some("al")).unwrap().metadata)
         );
     }
 

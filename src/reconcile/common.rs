@@ -3,12 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 use serde_json::Value;
 
 use crate::crd::Kind;
+use crate::pod::PodView;
 
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGER: &str = "autonomic";
@@ -97,8 +97,11 @@ pub fn spec_hash<T: serde::Serialize>(value: &T) -> String {
     format!("{:016x}", fnv1a(&json))
 }
 
-pub fn pod_spec_hash(pod: &Pod) -> Option<&str> {
-    pod.annotations().get(SPEC_HASH).map(String::as_str)
+pub fn pod_spec_hash(meta: &ObjectMeta) -> Option<&str> {
+    meta.annotations
+        .as_ref()?
+        .get(SPEC_HASH)
+        .map(String::as_str)
 }
 
 /// Container waiting reasons that mean the pod will not come up without a change.
@@ -124,7 +127,7 @@ pub enum Health {
     Failed(String),
 }
 
-pub fn pod_health(pod: &Pod) -> Health {
+pub fn pod_health(pod: &PodView) -> Health {
     let Some(status) = pod.status.as_ref() else {
         return Health::Pending("pod created, not yet scheduled".into());
     };
@@ -192,7 +195,7 @@ pub fn pod_health(pod: &Pod) -> Health {
     Health::Pending(format!("pod {phase}"))
 }
 
-fn terminated_reason(pod: &Pod) -> Option<String> {
+fn terminated_reason(pod: &PodView) -> Option<String> {
     pod.status
         .as_ref()?
         .container_statuses
@@ -285,7 +288,7 @@ mod tests {
 
     use super::*;
 
-    fn pod(yaml: &str) -> Pod {
+    fn pod(yaml: &str) -> PodView {
         serde_saphyr::from_str(yaml).unwrap()
     }
 

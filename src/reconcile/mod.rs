@@ -27,6 +27,7 @@ use crate::cache::{self, Cache, Change, SyncGate};
 use crate::config::Config;
 use crate::crd::{Agent, Kind, Memory, Runtime, Tool};
 use crate::metrics::Metrics;
+use crate::pod::PodView;
 pub use queue::{Key, Queue};
 
 pub const FIELD_MANAGER: &str = "autonomic-manager";
@@ -63,7 +64,7 @@ macro_rules! watched_cr {
 }
 watched_cr!(Agent => Kind::Agent, Tool => Kind::Tool, Runtime => Kind::Runtime, Memory => Kind::Memory);
 
-impl Watched for Pod {
+impl Watched for PodView {
     fn changed(&self, _removed: bool) -> Option<Changed> {
         let (kind, owner) = common::controller_of(&self.metadata)?;
         let ns = self.namespace().unwrap_or_default();
@@ -102,7 +103,7 @@ pub struct Context {
     pub runtimes: Arc<Cache<Runtime>>,
     pub memories: Arc<Cache<Memory>>,
     /// Pods, Services and Secrets labelled as ours.
-    pub pods: Arc<Cache<Pod>>,
+    pub pods: Arc<Cache<PodView>>,
     pub services: Arc<Cache<Service>>,
     pub secrets: Arc<Cache<Secret>>,
     pub queue: Arc<Queue>,
@@ -248,11 +249,17 @@ impl Context {
     pub async fn create_pod(&self, pod: &Pod) -> Result<Result<(), String>, Error> {
         let ns = pod.namespace().unwrap_or_default();
         let name = pod.name_any();
-        match self
-            .api::<Pod>(&ns)
-            .create(&PostParams::default(), pod)
-            .await
-        {
+        // Api::create, but reading the answer as the slim PodView: the manager never
+        // parses a whole k8s-openapi Pod (see pod.rs).
+        let create = async {
+            let body = serde_json::to_vec(pod).map_err(kube::Error::SerdeError)?;
+            let mut req = kube::core::Request::new(Pod::url_path(&(), Some(&ns)))
+                .create(&PostParams::default(), body)
+                .map_err(kube::Error::BuildRequest)?;
+            req.extensions_mut().insert("create");
+            self.client.request::<PodView>(req).await
+        };
+        match create.await {
             Ok(_) => {
                 tracing::info!(pod = %name, namespace = %ns, "pod created");
                 Ok(Ok(()))
@@ -261,7 +268,7 @@ impl Context {
             Err(e) if api_status(&e) == Some(409) => {
                 let owner = pod.owner_references().first().map(|r| r.uid.as_str());
                 let existing = self
-                    .api::<Pod>(&ns)
+                    .api::<PodView>(&ns)
                     .get_opt(&name)
                     .await
                     .map_err(|e| Error::kube(format!("unable to get pod {ns}/{name}"), e))?;
@@ -280,7 +287,7 @@ impl Context {
     }
 
     /// Deletes exactly this pod (by uid): a pod recreated meanwhile is left alone.
-    pub async fn delete_pod(&self, pod: &Pod) -> Result<(), Error> {
+    pub async fn delete_pod(&self, pod: &PodView) -> Result<(), Error> {
         let ns = pod.namespace().unwrap_or_default();
         let name = pod.name_any();
         let dp = DeleteParams {
@@ -290,7 +297,7 @@ impl Context {
             }),
             ..Default::default()
         };
-        match self.api::<Pod>(&ns).delete(&name, &dp).await {
+        match self.api::<PodView>(&ns).delete(&name, &dp).await {
             Ok(_) => {
                 tracing::info!(pod = %name, namespace = %ns, "pod deleted");
                 Ok(())
@@ -506,7 +513,7 @@ pub fn spawn_watches(
         watch!(Tool, tools, None::<&str>, |c, o| c.on_tool(o));
         watch!(Runtime, runtimes, None::<&str>, |c, o| c.on_runtime(o));
         watch!(Memory, memories, None::<&str>, |c, o| c.on_memory(o));
-        watch!(Pod, pods, Some(common::MANAGED_SELECTOR), |c, o| c
+        watch!(PodView, pods, Some(common::MANAGED_SELECTOR), |c, o| c
             .on_child(o));
         watch!(Service, services, Some(common::MANAGED_SELECTOR), |c, o| c
             .on_child(o));

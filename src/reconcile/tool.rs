@@ -159,7 +159,10 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
                 ToolPhase::Pending,
                 "waiting for the previous pod to terminate".to_owned(),
             ),
-            Some(pod) if common::pod_spec_hash(pod) != common::pod_spec_hash(&desired) => {
+            Some(pod)
+                if common::pod_spec_hash(&pod.metadata)
+                    != common::pod_spec_hash(&desired.metadata) =>
+            {
                 ctx.delete_pod(pod).await?;
                 (
                     ToolPhase::Pending,
