@@ -6,7 +6,7 @@ fn main() -> ExitCode {
     match std::env::args().nth(1).as_deref() {
         None | Some("run") => {}
         Some("crds") => {
-            print!("{}", autonomic_manager::crd::crds_yaml());
+            print!("{}", autonomic_manager::crd::CRDS_YAML);
             return ExitCode::SUCCESS;
         }
         Some("version" | "--version") => {

@@ -4,11 +4,24 @@ use autonomic_manager::crd;
 
 const FIX: &str = "run scripts/gen-crds and commit the result";
 
+/// `scripts/gen-crds` sets this: the files are rewritten from the types, then compared.
+fn updating() -> bool {
+    std::env::var_os("AUTONOMIC_UPDATE_CRDS").is_some()
+}
+
 #[test]
 fn crds_dir_matches_the_types() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/crds");
     let files = crd::crd_files();
     assert_eq!(files.len(), 4);
+    if updating() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            std::fs::remove_file(entry.unwrap().path()).unwrap();
+        }
+        for (name, yaml) in &files {
+            std::fs::write(format!("{dir}/{name}"), yaml).unwrap();
+        }
+    }
     for (name, want) in &files {
         let have = std::fs::read_to_string(format!("{dir}/{name}"))
             .unwrap_or_else(|e| panic!("crds/{name}: {e}; {FIX}"));
@@ -20,13 +33,23 @@ fn crds_dir_matches_the_types() {
 
 #[test]
 fn deploy_yaml_carries_the_same_crds() {
-    let deploy =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy.yaml")).unwrap();
-    let section = deploy
-        .split_once("# --- BEGIN CRDs (scripts/gen-crds) ---\n")
-        .and_then(|(_, rest)| rest.split_once("# --- END CRDs ---\n"))
-        .map(|(crds, _)| crds)
-        .expect("deploy.yaml has a CRD section");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy.yaml");
+    let (begin, end) = (
+        "# --- BEGIN CRDs (scripts/gen-crds) ---\n",
+        "# --- END CRDs ---\n",
+    );
+    let mut deploy = std::fs::read_to_string(path).unwrap();
+    let split = |d: &str| -> Option<(String, String, String)> {
+        let (head, rest) = d.split_once(begin)?;
+        let (crds, tail) = rest.split_once(end)?;
+        Some((head.into(), crds.into(), tail.into()))
+    };
+    if updating() {
+        let (head, _, tail) = split(&deploy).expect("deploy.yaml has a CRD section");
+        deploy = format!("{head}{begin}{}{end}{tail}", crd::crds_yaml());
+        std::fs::write(path, &deploy).unwrap();
+    }
+    let (_, section, _) = split(&deploy).expect("deploy.yaml has a CRD section");
     assert_eq!(
         section,
         crd::crds_yaml(),

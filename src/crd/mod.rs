@@ -76,7 +76,17 @@ pub fn crd_files() -> Vec<(String, String)> {
         .collect()
 }
 
-/// What `autonomic-manager crds` prints: every CRD, one YAML document each.
+/// What `autonomic-manager crds` prints: `crds/` as committed, which tests/crds.rs holds
+/// equal to [`crds_yaml`]. Embedded rather than generated at run time, so the binary
+/// carries no schema generator or YAML writer.
+pub const CRDS_YAML: &str = concat!(
+    include_str!("../../crds/agents.autonomic.sh.yaml"),
+    include_str!("../../crds/tools.autonomic.sh.yaml"),
+    include_str!("../../crds/runtimes.autonomic.sh.yaml"),
+    include_str!("../../crds/memories.autonomic.sh.yaml"),
+);
+
+/// Every CRD as the Rust types generate it, one YAML document each.
 pub fn crds_yaml() -> String {
     crd_files().into_iter().map(|(_, yaml)| yaml).collect()
 }
