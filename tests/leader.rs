@@ -107,11 +107,13 @@ async fn one_leader_one_connection_across_kill_and_graceful_stop() {
         b.metric("autonomic_queue_depth").await >= 1.0
     })
     .await;
-    assert!(
+    // Counted when the reconcile returns, a moment after its status write.
+    wait_until("the leader counted its reconcile", || async {
         a.metric("autonomic_reconciles_total{kind=\"Runtime\"}")
             .await
             >= 1.0
-    );
+    })
+    .await;
     let standby_reconciles = [
         "autonomic_reconciles_total{kind=\"Agent\"}",
         "autonomic_reconciles_total{kind=\"Tool\"}",
