@@ -1,0 +1,13 @@
+//! One link flag for the shipped binary.
+//!
+//! The musl target links a static PIE: the binary stays position-independent (ASLR), and
+//! musl's start code applies its relocations. Those are about 0.7 MB of `.rela.dyn` in
+//! the classic format; packed as DT_RELR (binutils >= 2.38; musl >= 1.2.4, which the Rust
+//! toolchain's self-contained musl is) they take a few KB. BENCHMARKS.md has the sizes.
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    if std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("musl") {
+        println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+    }
+}
