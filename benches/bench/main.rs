@@ -13,10 +13,13 @@ mod support;
 
 mod report;
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use autonomic_manager::connect::frame::{self, Frame, Snapshot, Stream};
+use autonomic_manager::connect::wire;
 use autonomic_manager::crd::Agent;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -85,6 +88,83 @@ fn main() {
     }
     std::fs::write(&out, serde_json::to_string_pretty(&results).unwrap()).unwrap();
     eprintln!("results written to {out}");
+}
+
+/// Counts the bytes the bench process holds on the heap (as requested; the allocator's
+/// own overhead is not counted): what a cached object costs, measured in process.
+struct Counting;
+
+static HEAP_LIVE: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        HEAP_LIVE.fetch_add(layout.size(), Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        HEAP_LIVE.fetch_sub(layout.size(), Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        HEAP_LIVE.fetch_add(new_size, Relaxed);
+        HEAP_LIVE.fetch_sub(layout.size(), Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Heap bytes per object of kind `K` in namespace `ns` as the manager caches it: the
+/// objects are listed, trimmed as the cache trims them and held; the difference in live
+/// heap over their number. Other tasks of the bench allocate too: it is measured while
+/// nothing else runs, as the median of 3.
+async fn heap_per_object<K>(client: &kube::Client, ns: &str) -> Value
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + autonomic_manager::cache::Slim,
+{
+    // Listed as served (every field), then read as the manager reads it.
+    let resource = kube::core::ApiResource::erase::<K>(&());
+    let api: Api<kube::core::DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+    let mut runs = Vec::new();
+    let mut count = 0;
+    let mut json_each = 0.0;
+    for _ in 0..3 {
+        let listed = api.list(&Default::default()).await.unwrap();
+        let json: Vec<String> = listed
+            .items
+            .iter()
+            .map(|o| serde_json::to_string(o).unwrap())
+            .collect();
+        drop(listed);
+        let before = HEAP_LIVE.load(Relaxed);
+        let held: Vec<std::sync::Arc<K>> = json
+            .iter()
+            .map(|j| {
+                let mut o: K = serde_json::from_str(j).unwrap();
+                autonomic_manager::cache::trim(&mut o);
+                std::sync::Arc::new(o)
+            })
+            .collect();
+        let after = HEAP_LIVE.load(Relaxed);
+        count = held.len();
+        runs.push((after as f64 - before as f64) / count.max(1) as f64);
+        let json_bytes: usize = json.iter().map(String::len).sum();
+        json_each = json_bytes as f64 / count.max(1) as f64;
+        if runs.len() == 1 {
+            eprintln!(
+                "heap: {count} {} objects, {:.0} bytes each held, {json_each:.0} bytes each as JSON",
+                K::kind(&()),
+                runs[0],
+            );
+        }
+    }
+    json!({"kind": K::kind(&()), "objects": count, "heap_bytes_each": median(&runs),
+        "json_bytes_each": json_each})
 }
 
 fn managed_env(cp: &FakeCp) -> Vec<(&'static str, String)> {
@@ -426,13 +506,19 @@ fn encode_snapshot(sample: &Value, n: usize, runs: usize) -> Value {
             r
         })
         .collect();
-    let frame = Frame::Snapshot(Snapshot { seq: 1, resources });
+    // The text the manager sends is the encoded frame (a unit test in wire.rs checks it).
+    let expected = frame::encode(&Frame::Snapshot(Snapshot {
+        seq: 1,
+        resources: resources.clone(),
+    }));
     let mut times = Vec::new();
     let mut bytes = 0;
     for _ in 0..runs {
+        // What the manager runs: the wire forms written one at a time.
         let t0 = Instant::now();
-        let text = frame::encode(&frame);
+        let text = wire::snapshot_text_of(1, resources.iter());
         times.push(ms(t0.elapsed()));
+        assert!(text == expected, "the snapshot text is the encoded frame");
         bytes = text.len();
     }
     let out = json!({
@@ -500,7 +586,14 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
             // The direct pods are not needed any more: they would only load the server.
             drop(direct_ns);
         }
-        let (fp, m, cp) = footprint(&ns.name, n).await;
+        let (mut fp, m, cp) = footprint(&ns.name, n).await;
+        if n > 0 {
+            fp["heap_each"] = json!([
+                heap_per_object::<Agent>(&client, &ns.name).await,
+                heap_per_object::<autonomic_manager::pod::PodView>(&client, &ns.name).await,
+                heap_per_object::<k8s_openapi::api::core::v1::Secret>(&client, &ns.name).await,
+            ]);
+        }
         footprints.push(fp);
         if n == 1000 || (sample.is_none() && n > 0 && n == *sizes.iter().max().unwrap()) {
             let snap = cp.wait_frame("snapshot", |f| is_type(f, "snapshot")).await;

@@ -325,6 +325,27 @@ pub fn render(md: &str, files: &[String], before: Option<&str>) {
         );
         prev = Some(fp);
     }
+    // What one cached object holds on the heap, measured in the bench process.
+    if let Some(fp) = footprints
+        .iter()
+        .rev()
+        .find(|fp| fp["heap_each"].is_array())
+    {
+        let _ = writeln!(
+            s,
+            "\n**Heap per cached object** ({} of each, listed from the API server, read and trimmed as the manager's cache does; bytes requested from the allocator, its overhead not counted):\n\n| Object | Heap held | As JSON from the API server |\n|---|---|---|",
+            fp["agents"]
+        );
+        for h in fp["heap_each"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                s,
+                "| {} | {:.0} bytes | {:.0} bytes |",
+                h["kind"].as_str().unwrap_or("?"),
+                f(&h["heap_bytes_each"]),
+                f(&h["json_bytes_each"])
+            );
+        }
+    }
     if !throughput.is_empty() {
         let _ = writeln!(
             s,
