@@ -146,7 +146,7 @@ fn before_after(
     ];
     let _ = writeln!(
         s,
-        "\n**Before and after the fixes** (before: {label}):\n\n| Figure | Before | Now |\n|---|---|---|"
+        "\n**Before and after the fixes** (before: {label}, an earlier run whose machine that file does not record: its times compare with these only roughly):\n\n| Figure | Before | Now |\n|---|---|---|"
     );
     for (name, fig) in rows {
         let _ = writeln!(s, "| {name} | {} | {} |", fig(before), fig(now));
