@@ -362,6 +362,27 @@ pub fn render(md: &str, files: &[String], before: Option<&str>) {
                 f(&t["ratio"])
             );
         }
+        // What the API server was asked, from its own counters, over each timed window.
+        for t in &throughput {
+            let list = |v: &Value| -> String {
+                let items: Vec<String> = v
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect();
+                let total: f64 = v.as_object().into_iter().flatten().map(|(_, n)| f(n)).sum();
+                format!("{total:.1} in all: {}", items.join(", "))
+            };
+            if t["requests_per_agent"].is_object() {
+                let _ = writeln!(
+                    s,
+                    "\nAPI requests per object while timed, from the API server's `apiserver_request_total` (the bench's own create of each Agent included): manager run, per Agent: {}; direct run, per pod: {}.",
+                    list(&t["requests_per_agent"]),
+                    list(&t["requests_per_pod_direct"])
+                );
+            }
+        }
     }
     if let Some(file) = before {
         before_after(&mut s, &load(&[file.to_owned()]), &r, &format!("`{file}`"));

@@ -235,12 +235,20 @@ pub fn snapshot_text_of<V: std::borrow::Borrow<Value>>(
 ///
 /// Hand-written for speed in a crate built for size: serde's writer instantiated here is
 /// about three times slower than at full speed, and musl's `memcpy` is slow for the
-/// few-byte copies JSON is made of, so short runs are copied byte by byte.
+/// few-byte copies JSON is made of, so short runs are copied in a loop.
 pub fn write_json(out: &mut Vec<u8>, v: &Value) {
     match v {
         Value::Null => put(out, b"null"),
         Value::Bool(b) => put(out, if *b { b"true" } else { b"false" }),
-        Value::Number(n) => put(out, n.to_string().as_bytes()),
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => put_u64(out, u),
+            (None, Some(i)) => {
+                out.push(b'-');
+                put_u64(out, i.unsigned_abs());
+            }
+            // Floats: serde_json's own formatting (ryu), as its writer does.
+            _ => put(out, n.to_string().as_bytes()),
+        },
         Value::String(s) => write_str(out, s),
         Value::Array(items) => {
             out.push(b'[');
@@ -297,15 +305,28 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
+/// Short runs are copied in a plain loop: musl's `memcpy` is slow for a few bytes.
 fn put(out: &mut Vec<u8>, bytes: &[u8]) {
     if bytes.len() > 32 {
         out.extend_from_slice(bytes);
     } else {
-        out.reserve(bytes.len());
-        for &b in bytes {
-            out.push(b);
+        out.extend(bytes.iter().copied());
+    }
+}
+
+/// Decimal digits without going through `fmt` and a `String`.
+fn put_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
         }
     }
+    put(out, &digits[at..]);
 }
 
 #[cfg(test)]
