@@ -21,30 +21,16 @@ pub type ObjKey = (String, String);
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// What a cached object may shed: the fields nothing in the manager reads. One pod, Agent
-/// and Secret are cached per Agent, so this is most of the manager's memory (pods are
-/// cached as the slim [`crate::pod::PodView`]).
-pub trait Slim {
-    fn slim(&mut self) {}
-}
-
-impl Slim for k8s_openapi::api::core::v1::Secret {}
-impl Slim for k8s_openapi::api::core::v1::Service {}
-impl Slim for crate::crd::Agent {}
-impl Slim for crate::crd::Tool {}
-impl Slim for crate::crd::Runtime {}
-impl Slim for crate::crd::Memory {}
-
 /// What the cache keeps of an object: the object less what nothing here reads (server-side
 /// apply's field ownership and kubectl's copy of the last applied object, which can double
-/// an object's size, and what [`Slim`] sheds).
-pub fn trim<K: Resource + Slim>(obj: &mut K) {
+/// an object's size). One pod, Agent and Secret are cached per Agent, so this is most of
+/// the manager's memory; pods are cached as the slim [`crate::pod::PodView`].
+pub fn trim<K: Resource>(obj: &mut K) {
     let meta = obj.meta_mut();
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.remove(LAST_APPLIED);
     }
-    obj.slim();
 }
 
 /// The latest state of every watched object of one type.
@@ -92,10 +78,7 @@ impl<K: ResourceExt> Cache<K> {
         self.len() == 0
     }
 
-    fn insert(&self, mut obj: K) -> Arc<K>
-    where
-        K: Slim,
-    {
+    fn insert(&self, mut obj: K) -> Arc<K> {
         let key = (obj.namespace().unwrap_or_default(), obj.name_any());
         trim(&mut obj);
         let obj = Arc::new(obj);
@@ -157,7 +140,7 @@ pub async fn drive<K>(
     gate: Arc<SyncGate>,
     on_change: impl Fn(Change<'_, K>) + Send,
 ) where
-    K: Resource + ResourceExt + Slim + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource + ResourceExt + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     gate.expect();
     let mut first_sync = true;

@@ -49,8 +49,6 @@ pub struct ContainerView {
     pub state: Option<ContainerState>,
 }
 
-impl crate::cache::Slim for PodView {}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,7 +58,7 @@ mod tests {
     use serde_json::json;
 
     /// A pod as the API server serves it: a running agent pod with two containers.
-    pub fn served() -> serde_json::Value {
+    fn served() -> serde_json::Value {
         let container = |name: &str| {
             json!({"name": name, "image": "registry.example/agent:1.2.3",
                 "args": ["--serve"], "env": [{"name": "A", "value": "b"}],

@@ -126,8 +126,7 @@ where
     K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
         + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + autonomic_manager::cache::Slim,
+        + std::fmt::Debug,
 {
     // Listed as served (every field), then read as the manager reads it.
     let resource = kube::core::ApiResource::erase::<K>(&());
