@@ -262,8 +262,14 @@ async fn a_flood_stalls_neither_other_sessions_nor_heartbeats_and_close_ends_it(
     assert_eq!(m.metric("autonomic_shell_sessions_open").await, 3.0);
     let rtt = m.metric("autonomic_heartbeat_rtt_seconds").await;
     assert!(rtt > 0.0 && rtt < 30.0, "heartbeat round trip {rtt} s");
-    let flooded = cp.binary_bytes(1) - flood_start;
-    assert!(flooded > 1 << 20, "the flood kept going: {flooded} bytes");
+    // The flood moved on while the others were served, and still moves: its rate is the
+    // machine's business (a busy CI box ran it at 0.3 MB/s), its progress is ours.
+    assert!(cp.binary_bytes(1) > flood_start, "the flood stalled");
+    let later = cp.binary_bytes(1);
+    wait_until("the flood to go on by 1 MiB", || async {
+        cp.binary_bytes(1) > later + (1 << 20)
+    })
+    .await;
     let hwm = vm_kib(m.pid(), "VmHWM");
     eprintln!(
         "flood: {} MiB through channel 1 so far, manager peak RSS {hwm} KiB",
