@@ -555,7 +555,9 @@ impl Exec {
                             kill_pending = false;
                             spawn_kill(pid);
                         }
-                        if !data.is_empty() && self.events.send(Event::Output(self.channel, Stream::Stdout, data)).await.is_err() {
+                        // Once closed, output is drained, not sent: no one reads it, and
+                        // waiting for room would hold up the process's end.
+                        if !data.is_empty() && cut_at.is_none() && self.events.send(Event::Output(self.channel, Stream::Stdout, data)).await.is_err() {
                             process.abort();
                             return failed("the connection is gone".into());
                         }
@@ -565,7 +567,7 @@ impl Exec {
                     Ok(0) | Err(_) => err_open = false,
                     Ok(n) => {
                         let data = err_buf[..n].to_vec();
-                        if self.events.send(Event::Output(self.channel, Stream::Stderr, data)).await.is_err() {
+                        if cut_at.is_none() && self.events.send(Event::Output(self.channel, Stream::Stderr, data)).await.is_err() {
                             process.abort();
                             return failed("the connection is gone".into());
                         }
