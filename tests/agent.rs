@@ -415,6 +415,14 @@ async fn unpullable_image_and_hostile_specs_end_in_error() {
             && (msg.contains("ErrImagePull") || msg.contains("ImagePullBackOff")),
         "{msg}"
     );
+    // Gone before the hot-loop check below: its pod flips between ErrImagePull and
+    // ImagePullBackOff for as long as it exists, and every flip is a reconcile.
+    agents
+        .delete("ghost", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(&agents, "ghost").await;
+    wait_gone(&ns.api::<Pod>(), "ghost").await;
 
     // A name that cannot be a label value.
     let long = "x".repeat(70);

@@ -178,12 +178,16 @@ async fn manager_runs_as_a_pod_from_deploy_yaml() {
     .await;
     assert_eq!(a.status.unwrap().observed_generation, a.metadata.generation);
 
-    let (_, logs) = kubectl(&["-n", &home.name, "logs", leader], None);
-    assert!(
+    // The line is written once the status patch returns, then passes through the
+    // container runtime's log file: ask until it shows.
+    let json_line = |logs: &str| {
         logs.lines()
-            .any(|l| l.starts_with('{') && l.contains("\"phase\":\"Active\"")),
-        "json logs expected:\n{logs}"
-    );
+            .any(|l| l.starts_with('{') && l.contains("\"phase\":\"Active\""))
+    };
+    wait_until("a JSON log line saying Active", || async {
+        json_line(&kubectl(&["-n", &home.name, "logs", leader], None).1)
+    })
+    .await;
 }
 
 /// A PodSecurityPolicy encoding the restricted Pod Security Standard, as far as PSP

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use support::fake_cp::*;
+use support::wait_until;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -153,6 +154,11 @@ async fn heartbeat_is_answered_unless_turned_off() {
         &mut ws,
         json!({"type": "heartbeat", "sent_at": "2026-01-01T00:00:01Z"}),
     )
+    .await;
+    cp.wait_frame("the second heartbeat", |f| {
+        f.json()
+            .is_some_and(|v| v["sent_at"] == "2026-01-01T00:00:01Z")
+    })
     .await;
     assert_quiet(&mut ws, Duration::from_millis(500)).await;
     let n = cp
@@ -482,12 +488,10 @@ async fn tls_mode_serves_wss_to_clients_that_trust_the_ca() {
         .await
         .is_err()
     );
-    for _ in 0..100 {
-        if cp.tls_failures() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("two failed TLS handshakes", || async {
+        cp.tls_failures() >= 2
+    })
+    .await;
     assert_eq!((cp.tls_failures(), cp.accepted(), cp.attempts()), (2, 0, 0));
 
     // Trusting the CA: the IP SAN and the DNS SAN both verify, and the protocol runs.

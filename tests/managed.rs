@@ -425,6 +425,9 @@ async fn dead_connection_is_detected_and_redialled() {
     // Heartbeats go out every second; the silent peer is dropped after 3 and redialled.
     cp.wait_frame("a heartbeat", is("heartbeat")).await;
     wait_until("a second connection", || async { cp.accepted() >= 2 }).await;
+    // Connection 2 stays up until the drop below (unanswered, it too would be dropped
+    // after 3 s, and there would be no connection left to drop).
+    cp.set_auto_heartbeat(true);
     m.wait_log(
         "nothing from the control plane for 3 heartbeat intervals",
         Duration::from_secs(5),

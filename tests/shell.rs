@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use autonomic_manager::crd::Agent;
+use autonomic_manager::crd::{Agent, AgentPhase};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, AttachParams, PostParams};
@@ -43,6 +43,11 @@ async fn agent(ns: &TestNamespace, name: &str, extra_spec: &str) -> Agent {
 /// cache its deltas come from; the API server may show the phase a moment earlier.
 async fn active(ns: &TestNamespace, cp: &FakeCp, name: &str) {
     agent(ns, name, "").await;
+    // The API server first: its wait is the longer one, sized for a pod to start.
+    wait_for(&ns.api::<Agent>(), name, "Active", |a| {
+        a.status.as_ref().and_then(|s| s.phase) == Some(AgentPhase::Active)
+    })
+    .await;
     reported(cp, &ns.name, name, "Active").await;
 }
 
@@ -137,6 +142,15 @@ async fn ps(client: &Client, ns: &str, pod: &str) -> String {
 async fn wait_no_process(client: &Client, ns: &str, pod: &str, args: &str) {
     wait_until(&format!("{args:?} to end in {pod}"), || async {
         !ps(client, ns, pod).await.lines().any(|l| l.trim() == args)
+    })
+    .await;
+}
+
+/// Waits until `args` runs in `pod` as itself: the wrapper has printed its pid and
+/// `exec`ed it (`io_opened` comes when the exec stream is up, which can be earlier).
+async fn wait_process(client: &Client, ns: &str, pod: &str, args: &str) {
+    wait_until(&format!("{args:?} to run in {pod}"), || async {
+        ps(client, ns, pod).await.lines().any(|l| l.trim() == args)
     })
     .await;
 }
@@ -346,11 +360,8 @@ async fn a_dropped_connection_ends_and_audits_every_exec() {
     for ch in [1, 2] {
         cp.wait_frame("io_opened", frame_on("io_opened", ch)).await;
     }
-    let running = ps(&client, &ns.name, "held").await;
-    assert!(
-        running.contains("sleep 3601") && running.contains("sleep 3602"),
-        "{running}"
-    );
+    wait_process(&client, &ns.name, "held", "sleep 3601").await;
+    wait_process(&client, &ns.name, "held", "sleep 3602").await;
 
     cp.drop_connection().await;
     wait_no_process(&client, &ns.name, "held", "sleep 3601").await;
@@ -381,6 +392,7 @@ async fn a_dropped_connection_ends_and_audits_every_exec() {
     )
     .await;
     cp.wait_frame("io_opened 3", frame_on("io_opened", 3)).await;
+    wait_process(&client, &ns.name, "held", "sleep 3603").await;
     let t = Instant::now();
     assert_eq!(m.stop("TERM"), Some(0));
     let took = t.elapsed();

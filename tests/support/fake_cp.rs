@@ -187,6 +187,20 @@ impl Inner {
             c.open = false;
         }
     }
+
+    /// Records a close frame and marks its connection closed under one lock, so no one
+    /// sees the frame while the connection still looks open.
+    fn record_close(&self, conn: usize, frame: Option<(u16, String)>) {
+        let mut s = self.state();
+        s.frames.push(Received {
+            conn,
+            at: Instant::now(),
+            kind: ReceivedKind::Close(frame),
+        });
+        if let Some(c) = s.conns.iter_mut().find(|c| c.id == conn) {
+            c.open = false;
+        }
+    }
 }
 
 impl FakeCp {
@@ -886,8 +900,7 @@ fn record_message(inner: &Inner, id: usize, msg: Message) -> Option<Value> {
         }
         Message::Close(frame) => {
             let frame = frame.map(|f| (u16::from(f.code), f.reason.as_str().to_owned()));
-            inner.record(id, ReceivedKind::Close(frame));
-            inner.mark_closed(id);
+            inner.record_close(id, frame);
             None
         }
         Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => None,
