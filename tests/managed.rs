@@ -452,13 +452,14 @@ async fn eviction_waits_the_eviction_delay_and_says_why() {
     let ns = TestNamespace::new(&client, "cp-evict").await;
     let cp = FakeCp::start().await;
     let mut env = managed_env(&cp);
-    env.push(("AUTONOMIC_EVICTION_DELAY_S", "3".into()));
+    env.push(("AUTONOMIC_EVICTION_DELAY_S", "5".into()));
     let mut m = start(&ns.name, &env);
     cp.wait_frame("snapshot", is("snapshot")).await;
     cp.close(4000, "evicted by newer connection").await;
     let line = m.wait_log("evicted by a newer connection", Duration::from_secs(10));
     assert!(line.contains("share one token"), "{line}");
-    // The backoff floor is 100 ms here: an immediate redial would be well inside 1.5 s.
+    // The backoff floor is 100 ms here: an immediate redial would be well inside 1.5 s,
+    // and the delay leaves 3.5 s for a loaded machine to look.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(cp.attempts(), 1, "redialled before the eviction delay");
     wait_until("the redial after the eviction delay", || async {
