@@ -54,18 +54,7 @@ async fn active(ns: &TestNamespace, cp: &FakeCp, name: &str) {
 /// Waits for a snapshot or delta that carries Agent `ns/name` in `phase`.
 async fn reported(cp: &FakeCp, ns: &str, name: &str, phase: &str) {
     cp.wait_frame(&format!("Agent {ns}/{name} reported {phase}"), |r| {
-        let Some(j) = r.json() else { return false };
-        let resources: Vec<&Value> = match r.frame_type() {
-            Some("snapshot") => j["resources"].as_array().into_iter().flatten().collect(),
-            Some("delta") => j["changes"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|c| &c["resource"])
-                .collect(),
-            _ => return false,
-        };
-        resources.iter().any(|a| {
+        r.resources().iter().any(|a| {
             a["kind"] == "Agent" && a["namespace"] == ns && a["name"] == name && a["phase"] == phase
         })
     })
@@ -139,9 +128,14 @@ async fn ps(client: &Client, ns: &str, pod: &str) -> String {
     out
 }
 
+/// Whether a process with exactly these arguments runs in `pod`.
+async fn runs(client: &Client, ns: &str, pod: &str, args: &str) -> bool {
+    ps(client, ns, pod).await.lines().any(|l| l.trim() == args)
+}
+
 async fn wait_no_process(client: &Client, ns: &str, pod: &str, args: &str) {
     wait_until(&format!("{args:?} to end in {pod}"), || async {
-        !ps(client, ns, pod).await.lines().any(|l| l.trim() == args)
+        !runs(client, ns, pod, args).await
     })
     .await;
 }
@@ -150,7 +144,7 @@ async fn wait_no_process(client: &Client, ns: &str, pod: &str, args: &str) {
 /// `exec`ed it (`io_opened` comes when the exec stream is up, which can be earlier).
 async fn wait_process(client: &Client, ns: &str, pod: &str, args: &str) {
     wait_until(&format!("{args:?} to run in {pod}"), || async {
-        ps(client, ns, pod).await.lines().any(|l| l.trim() == args)
+        runs(client, ns, pod, args).await
     })
     .await;
 }

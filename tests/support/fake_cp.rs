@@ -86,6 +86,25 @@ impl Received {
         }
     }
 
+    /// The wire resources a `snapshot` or `delta` carries (a removal carries none);
+    /// empty for any other frame.
+    pub fn resources(&self) -> Vec<&Value> {
+        let Some(j) = self.json() else {
+            return Vec::new();
+        };
+        match self.frame_type() {
+            Some("snapshot") => j["resources"].as_array().into_iter().flatten().collect(),
+            Some("delta") => j["changes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| &c["resource"])
+                .filter(|r| !r.is_null())
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// A short label for failure messages: `1:hello`, `2:<binary>`, `1:<close 1000>`.
     fn label(&self) -> String {
         let what = match &self.kind {
@@ -175,29 +194,33 @@ impl Inner {
     }
 
     fn record(&self, conn: usize, kind: ReceivedKind) {
-        self.state().frames.push(Received {
-            conn,
-            at: Instant::now(),
-            kind,
-        });
+        self.state().record(conn, kind);
     }
 
     fn mark_closed(&self, conn: usize) {
-        if let Some(c) = self.state().conns.iter_mut().find(|c| c.id == conn) {
-            c.open = false;
-        }
+        self.state().mark_closed(conn);
     }
 
     /// Records a close frame and marks its connection closed under one lock, so no one
     /// sees the frame while the connection still looks open.
     fn record_close(&self, conn: usize, frame: Option<(u16, String)>) {
         let mut s = self.state();
-        s.frames.push(Received {
+        s.record(conn, ReceivedKind::Close(frame));
+        s.mark_closed(conn);
+    }
+}
+
+impl State {
+    fn record(&mut self, conn: usize, kind: ReceivedKind) {
+        self.frames.push(Received {
             conn,
             at: Instant::now(),
-            kind: ReceivedKind::Close(frame),
+            kind,
         });
-        if let Some(c) = s.conns.iter_mut().find(|c| c.id == conn) {
+    }
+
+    fn mark_closed(&mut self, conn: usize) {
+        if let Some(c) = self.conns.iter_mut().find(|c| c.id == conn) {
             c.open = false;
         }
     }
