@@ -5,6 +5,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ResourceRequirements;
+
 /// Why the configuration was refused. Printed as one line; the process exits 2.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
@@ -168,7 +170,9 @@ pub struct Config {
     pub base_url: BaseUrl,
     pub token: Option<Token>,
     pub token_file: Option<PathBuf>,
-    pub cluster_id: String,
+    /// `AUTONOMIC_CLUSTER_ID`; unset: the uid of the `kube-system` namespace, read at
+    /// connect time (stable across restarts, rollouts and failovers).
+    pub cluster_id: Option<String>,
     pub transport: Transport,
     pub ca_file: Option<PathBuf>,
     pub https_proxy: Option<String>,
@@ -180,6 +184,8 @@ pub struct Config {
     pub welcome_timeout: Duration,
     /// Image of the agentlet sidecar when an Agent names none.
     pub agentlet_image: Option<String>,
+    /// Compute resources of the agentlet sidecar (`AUTONOMIC_AGENTLET_RESOURCES`, JSON).
+    pub agentlet_resources: ResourceRequirements,
     /// Namespaces to watch; empty means all.
     pub namespaces: Vec<String>,
     pub probe_addr: SocketAddr,
@@ -295,8 +301,14 @@ impl Config {
         let pod_name = var("POD_NAME")
             .or_else(|| var("HOSTNAME"))
             .unwrap_or_else(|| "autonomic-manager".into());
-        let cluster_id =
-            var("AUTONOMIC_CLUSTER_ID").unwrap_or_else(|| format!("{pod_namespace}/{pod_name}"));
+        let cluster_id = var("AUTONOMIC_CLUSTER_ID").map(|v| v.trim().to_owned());
+        let agentlet_resources = match var("AUTONOMIC_AGENTLET_RESOURCES") {
+            None => default_agentlet_resources(),
+            Some(v) => serde_json::from_str(&v).map_err(|e| ConfigError::Invalid {
+                var: "AUTONOMIC_AGENTLET_RESOURCES",
+                reason: format!("expected a JSON object of requests and limits: {e}"),
+            })?,
+        };
         let backoff_initial = Duration::from_millis(number("AUTONOMIC_BACKOFF_INITIAL_MS", 1000)?);
         let backoff_max = Duration::from_millis(number("AUTONOMIC_BACKOFF_MAX_MS", 60_000)?);
         if backoff_initial.is_zero() || backoff_max < backoff_initial {
@@ -321,6 +333,7 @@ impl Config {
             eviction_delay: Duration::from_secs(number("AUTONOMIC_EVICTION_DELAY_S", 300)?),
             welcome_timeout: Duration::from_secs(number("AUTONOMIC_WELCOME_TIMEOUT_S", 10)?),
             agentlet_image: var("AUTONOMIC_AGENTLET_IMAGE"),
+            agentlet_resources,
             namespaces,
             probe_addr,
             leader_election,
@@ -336,6 +349,25 @@ impl Config {
     /// Whether the manager watches this namespace.
     pub fn watches(&self, namespace: &str) -> bool {
         self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
+    }
+}
+
+/// The agentlet's default requests and limits: a small proxy process. Requests make the
+/// pod schedulable on a full node's accounting; the memory limit keeps a leaking sidecar
+/// from taking the agent's node down. `AUTONOMIC_AGENTLET_RESOURCES` replaces them.
+pub fn default_agentlet_resources() -> ResourceRequirements {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let q = |s: &str| Quantity(s.to_owned());
+    ResourceRequirements {
+        requests: Some(
+            [
+                ("cpu".to_owned(), q("10m")),
+                ("memory".to_owned(), q("32Mi")),
+            ]
+            .into(),
+        ),
+        limits: Some([("memory".to_owned(), q("128Mi"))].into()),
+        ..Default::default()
     }
 }
 
@@ -384,11 +416,29 @@ mod tests {
     }
 
     #[test]
-    fn cluster_id_defaults_to_namespace_and_hostname() {
+    fn cluster_id_is_read_from_the_cluster_unless_set() {
         let c = parse(&[("POD_NAMESPACE", "autonomic-system"), ("HOSTNAME", "m-1")]).unwrap();
-        assert_eq!(c.cluster_id, "autonomic-system/m-1");
-        let c = parse(&[("AUTONOMIC_CLUSTER_ID", "prod-eu")]).unwrap();
-        assert_eq!(c.cluster_id, "prod-eu");
+        assert_eq!(c.cluster_id, None);
+        let c = parse(&[("AUTONOMIC_CLUSTER_ID", " prod-eu ")]).unwrap();
+        assert_eq!(c.cluster_id.as_deref(), Some("prod-eu"));
+    }
+
+    #[test]
+    fn agentlet_resources_default_and_override() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.agentlet_resources, default_agentlet_resources());
+        let c = parse(&[(
+            "AUTONOMIC_AGENTLET_RESOURCES",
+            r#"{"requests":{"cpu":"50m"},"limits":{"memory":"256Mi"}}"#,
+        )])
+        .unwrap();
+        let limits = c.agentlet_resources.limits.unwrap();
+        assert_eq!(limits["memory"].0, "256Mi");
+        let err = parse(&[("AUTONOMIC_AGENTLET_RESOURCES", "lots")]).unwrap_err();
+        assert!(
+            err.to_string().starts_with("AUTONOMIC_AGENTLET_RESOURCES:"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -35,10 +35,20 @@ pub enum Lost {
     Deadline,
 }
 
+/// The Lease annotation where the leader publishes its control-plane link state.
+pub const LINK_ANNOTATION: &str = "autonomic.sh/link";
+
+/// What the leader says about its link, read at each renewal.
+pub type LinkState = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
+
 /// One replica's view of the Lease.
 pub struct Elector {
     api: Api<Lease>,
     identity: String,
+    /// Published on the Lease while leading ([`LINK_ANNOTATION`]).
+    link: LinkState,
+    /// The leader's link state as this standby last logged it.
+    link_seen: Option<String>,
     /// The record last seen and the local instant it was first seen.
     observed: Option<(LeaseSpec, Instant)>,
     /// Start of the last successful acquire or renew, while leading.
@@ -68,17 +78,44 @@ fn is_conflict(e: &kube::Error) -> bool {
 }
 
 impl Elector {
-    pub fn new(client: kube::Client, namespace: &str, identity: String) -> Self {
+    /// `link` is what this replica publishes about its control-plane link while it
+    /// leads; while it stands by, it logs what the leader publishes, so that whichever
+    /// pod `kubectl logs deploy/…` picks shows the connection's state.
+    pub fn new(client: kube::Client, namespace: &str, identity: String, link: LinkState) -> Self {
         Elector {
             api: Api::namespaced(client, namespace),
             identity,
+            link,
+            link_seen: None,
             observed: None,
             renewed: None,
         }
     }
 
-    pub fn identity(&self) -> &str {
-        &self.identity
+    /// Logs the leader's link state when it changed since this standby last said it.
+    fn mirror(&mut self, lease: &Lease, spec: &LeaseSpec) {
+        let leader = holder(spec);
+        if leader.is_empty() || leader == self.identity {
+            return;
+        }
+        let state = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(LINK_ANNOTATION));
+        if let Some(state) = state
+            && self.link_seen.as_ref() != Some(state)
+        {
+            tracing::info!(leader, "standby; the leader says: {state}");
+            self.link_seen = Some(state.clone());
+        }
+    }
+
+    /// The Lease's metadata with this replica's link state published on it.
+    fn publish(&self, meta: &mut kube::api::ObjectMeta) {
+        meta.annotations
+            .get_or_insert_with(Default::default)
+            .insert(LINK_ANNOTATION.to_owned(), (self.link)());
     }
 
     fn observe(&mut self, spec: &LeaseSpec, now: Instant) {
@@ -113,13 +150,14 @@ impl Elector {
     async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
         let now = Instant::now();
         let Some(mut lease) = self.api.get_opt(LEASE_NAME).await? else {
-            let lease = Lease {
+            let mut lease = Lease {
                 metadata: kube::api::ObjectMeta {
                     name: Some(LEASE_NAME.into()),
                     ..Default::default()
                 },
                 spec: Some(self.record(None)),
             };
+            self.publish(&mut lease.metadata);
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(l) => {
                     self.observe(&l.spec.unwrap_or_default(), now);
@@ -133,9 +171,11 @@ impl Elector {
         self.observe(&spec, now);
         let seen = self.observed.as_ref().map_or(now, |(_, at)| *at);
         if !may_take(&spec, &self.identity, seen, now) {
+            self.mirror(&lease, &spec);
             return Ok(false);
         }
         lease.spec = Some(self.record(Some(&spec)));
+        self.publish(&mut lease.metadata);
         match self
             .api
             .replace(LEASE_NAME, &PostParams::default(), &lease)

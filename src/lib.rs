@@ -156,7 +156,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let mut elector = config.leader_election.then(|| {
         let identity = format!("{}_{}", config.pod_name, boot_id());
         tracing::info!(%identity, namespace = %config.pod_namespace, lease = leader::LEASE_NAME, "leader election on");
-        leader::Elector::new(ctx.client.clone(), &config.pod_namespace, identity)
+        let link = ctx.link.clone();
+        let managed = config.managed;
+        let state: leader::LinkState = Arc::new(move || match (managed, link.state()) {
+            (false, _) => "unmanaged: no control-plane connection (manager.managed=false)".into(),
+            (true, s) if s.is_empty() => "not connected yet: dialling the control plane".into(),
+            (true, s) => s,
+        });
+        leader::Elector::new(ctx.client.clone(), &config.pod_namespace, identity, state)
     });
     let health = health::serve(listener, ctx.clone());
     tokio::pin!(health);

@@ -44,6 +44,10 @@ pub struct Link {
     pub sessions_open: AtomicU64,
     /// The last WebSocket ping's round trip in microseconds; 0 before the first.
     pub heartbeat_rtt_us: AtomicU64,
+    /// The connection's state in words ("connected to …", "token rejected …",
+    /// "connection refused …"): the leader publishes it on the Lease so that a standby's
+    /// log shows it too (`kubectl logs deploy/…` may pick either pod).
+    state: Mutex<String>,
 }
 
 impl Link {
@@ -63,6 +67,20 @@ impl Link {
         dirty.insert(merged.key.clone(), merged);
         drop(dirty);
         self.dirty_notify.notify_one();
+    }
+
+    /// Records the connection's state in words; `true` when it changed.
+    pub fn set_state(&self, state: impl Into<String>) -> bool {
+        let state = state.into();
+        let mut cur = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = *cur != state;
+        *cur = state;
+        changed
+    }
+
+    /// The connection's state in words; empty before the first dial.
+    pub fn state(&self) -> String {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Takes the pending changes.
@@ -89,19 +107,19 @@ pub fn read_token(config: &Config) -> Result<Token, String> {
 }
 
 /// `io` only over the WebSocket: the HTTP transport cannot carry a shell's bytes.
-fn hello(ctx: &Context, boot_id: &str, kubernetes_version: &str, io: bool) -> Frame {
+fn hello(ctx: &Context, ids: &Ids, io: bool) -> Frame {
     let c = &ctx.config;
     Frame::Hello(Hello {
         protocol: frame::PROTOCOL_VERSION,
         version: crate::VERSION.to_owned(),
-        boot_id: boot_id.to_owned(),
-        cluster_id: c.cluster_id.clone(),
+        boot_id: ids.boot_id.clone(),
+        cluster_id: ids.cluster_id.clone(),
         host: Host {
             hostname: std::env::var("HOSTNAME").unwrap_or_else(|_| c.pod_name.clone()),
             namespace: c.pod_namespace.clone(),
             pod: c.pod_name.clone(),
             node: c.node_name.clone(),
-            kubernetes_version: kubernetes_version.to_owned(),
+            kubernetes_version: ids.kubernetes_version.clone(),
             os: std::env::consts::OS.to_owned(),
             arch: std::env::consts::ARCH.to_owned(),
         },
@@ -113,11 +131,66 @@ fn hello(ctx: &Context, boot_id: &str, kubernetes_version: &str, io: bool) -> Fr
     })
 }
 
+/// What `hello` says about this process and its cluster, read once per process.
+struct Ids {
+    boot_id: String,
+    cluster_id: String,
+    kubernetes_version: String,
+}
+
+/// `AUTONOMIC_CLUSTER_ID`, else the uid of the `kube-system` namespace: it lives as long
+/// as the cluster, so the id survives restarts, rollouts, failovers and reinstalls (the
+/// usual choice of cluster agents). Only when it cannot be read (RBAC, a cluster without
+/// `kube-system`) does the id fall back to the manager's namespace and pod, said loudly.
+async fn cluster_id(ctx: &Context) -> String {
+    if let Some(id) = &ctx.config.cluster_id {
+        return id.clone();
+    }
+    let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(ctx.client.clone());
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), api.get("kube-system"));
+    match read.await {
+        Ok(Ok(ns)) if ns.metadata.uid.as_deref().is_some_and(|u| !u.is_empty()) => {
+            ns.metadata.uid.unwrap_or_default()
+        }
+        failed => {
+            let why = match failed {
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "the API server did not answer in 10 s".into(),
+                Ok(Ok(_)) => "it has no uid".into(),
+            };
+            let id = format!("{}/{}", ctx.config.pod_namespace, ctx.config.pod_name);
+            tracing::warn!(error = %why, cluster_id = %id, "cannot read namespace kube-system for a stable cluster id; this id changes with every restart: set AUTONOMIC_CLUSTER_ID");
+            id
+        }
+    }
+}
+
+/// Completes when the token on disk differs from `last` (rotated, or created after
+/// install): the kubelet refreshes a mounted Secret in place, and the new token is worth
+/// a dial at once, even in the middle of a long backoff after a rejection. Never
+/// completes without a token file.
+async fn token_changed(config: &Config, last: Option<&Token>) {
+    if config.token_file.is_none() {
+        return std::future::pending().await;
+    }
+    loop {
+        tokio::time::sleep(TOKEN_POLL).await;
+        if let Ok(now) = read_token(config)
+            && Some(&now) != last
+        {
+            return;
+        }
+    }
+}
+
+/// How often a token file is looked at while waiting to dial again. Reading a small
+/// file once a second costs nothing; a kubelet's Secret refresh takes far longer.
+const TOKEN_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Holds the connection until `shutdown` turns true.
 pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
     let config = ctx.config.clone();
     let link = ctx.link.clone();
-    let boot_id = crate::boot_id().to_owned();
     // Validated by the configuration parser (0 < initial <= max).
     let Ok(mut reconnect) = Reconnect::new(
         config.backoff_initial,
@@ -134,15 +207,21 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.changed() => return,
         }
     }
-    let kubernetes_version = match ctx.client.apiserver_version().await {
-        Ok(v) => v.git_version,
-        Err(_) => String::new(),
+    let ids = Ids {
+        boot_id: crate::boot_id().to_owned(),
+        cluster_id: cluster_id(&ctx).await,
+        kubernetes_version: match ctx.client.apiserver_version().await {
+            Ok(v) => v.git_version,
+            Err(_) => String::new(),
+        },
     };
     if config.transport == crate::config::Transport::Http {
-        let hello = hello(&ctx, &boot_id, &kubernetes_version, false);
+        let hello = hello(&ctx, &ids, false);
         return http::run(ctx, hello, shutdown, reconnect).await;
     }
     let url = config.base_url.endpoint(true, "connect");
+    // The token of the last dial: a different one on disk ends the wait for the next.
+    let mut last_token = None;
     loop {
         if *shutdown.borrow() {
             return;
@@ -150,9 +229,13 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
         let why = match read_token(&config) {
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the deployment token");
+                link.set_state(format!(
+                    "not connected: cannot read the deployment token: {e}"
+                ));
                 Retry::Normal
             }
             Ok(token) => {
+                last_token = Some(token.clone());
                 let dialled = tokio::select! {
                     d = socket::dial(&config, &token) => d,
                     _ = shutdown.changed() => return,
@@ -160,13 +243,15 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
                 match dialled {
                     Err(e) => {
                         tracing::warn!(%url, token_prefix = %token.prefix(), error = %e, "connection to the control plane failed");
+                        link.set_state(format!("not connected to {url}: {e}"));
                         e.status()
                             .map(Retry::for_upgrade_status)
                             .unwrap_or(Retry::Normal)
                     }
                     Ok(ws) => {
                         tracing::info!(%url, token_prefix = %token.prefix(), "connected to the control plane");
-                        let hello = hello(&ctx, &boot_id, &kubernetes_version, true);
+                        link.set_state(format!("connected to {url} (token {}…)", token.prefix()));
+                        let hello = hello(&ctx, &ids, true);
                         let end = session::run(&ctx, ws, hello, &mut shutdown, || {
                             reconnect.reset();
                             link.connected.store(true, Relaxed);
@@ -178,36 +263,62 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
                         })
                         .await;
                         link.connected.store(false, Relaxed);
-                        match end {
+                        let (why, state) = match end {
                             End::Shutdown => {
                                 tracing::info!("control-plane connection closed for shutdown");
+                                link.set_state("not connected: shutting down");
                                 return;
                             }
                             End::Closed(4000, reason) => {
                                 tracing::warn!(%reason, "evicted by a newer connection for this deployment: two installs probably share one token; waiting the eviction delay before dialling again");
-                                Retry::Evicted
+                                (
+                                    Retry::Evicted,
+                                    format!("evicted by a newer connection ({reason})"),
+                                )
                             }
                             End::Closed(4001, reason) => {
                                 tracing::warn!(%reason, token_prefix = %token.prefix(), "token rejected: revoked by the control plane");
-                                Retry::Rejected
+                                (
+                                    Retry::Rejected,
+                                    format!(
+                                        "token rejected: revoked by the control plane (token {}…)",
+                                        token.prefix()
+                                    ),
+                                )
                             }
                             End::Closed(code, reason) => {
                                 tracing::warn!(code, %reason, "the control plane closed the connection");
-                                Retry::for_close_code(code)
+                                (
+                                    Retry::for_close_code(code),
+                                    format!(
+                                        "not connected: closed by the control plane ({code} {reason})"
+                                    ),
+                                )
                             }
-                            End::Dead => Retry::Normal,
+                            End::Dead => (
+                                Retry::Normal,
+                                "not connected: the connection went silent".to_owned(),
+                            ),
                             End::NoWelcome => {
                                 tracing::warn!(
                                     timeout_s = config.welcome_timeout.as_secs(),
                                     "no welcome from the control plane"
                                 );
-                                Retry::Normal
+                                (
+                                    Retry::Normal,
+                                    "not connected: no welcome from the control plane".to_owned(),
+                                )
                             }
                             End::Dropped(why) => {
                                 tracing::warn!(error = %why, "connection to the control plane lost");
-                                Retry::Normal
+                                (
+                                    Retry::Normal,
+                                    format!("not connected: connection lost ({why})"),
+                                )
                             }
-                        }
+                        };
+                        link.set_state(state);
+                        why
                     }
                 }
             }
@@ -217,6 +328,9 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
         tracing::info!(delay_ms = delay.as_millis() as u64, reason = ?why, "reconnecting after a delay");
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
+            _ = token_changed(&config, last_token.as_ref()) => {
+                tracing::info!("the deployment token changed on disk: dialling now");
+            }
             _ = shutdown.changed() => return,
         }
     }
@@ -256,5 +370,60 @@ mod tests {
         link.mark(changed("c", false, "u3"));
         link.mark(changed("c", false, ""));
         assert_eq!(link.take_dirty(), vec![changed("c", false, "u3")]);
+    }
+}
+
+#[cfg(test)]
+mod token_tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn config_with_file(path: &std::path::Path) -> Config {
+        let path = path.display().to_string();
+        Config::parse(|k| (k == "AUTONOMIC_AUTH_TOKEN_FILE").then(|| path.clone())).expect("config")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_token_on_disk_ends_the_wait_within_a_poll() {
+        let dir = std::env::temp_dir().join(format!("autonomic-token-{}", crate::boot_id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "tok_old_0123456789\n").unwrap();
+        let config = config_with_file(&file);
+        let old = read_token(&config).unwrap();
+
+        // The same token: the wait goes on (a long backoff is not cut short).
+        let same =
+            tokio::time::timeout(Duration::from_secs(30), token_changed(&config, Some(&old)));
+        assert!(same.await.is_err());
+
+        // Rotated on disk: noticed at the next poll, at most TOKEN_POLL later.
+        std::fs::write(&file, "tok_new_9876543210\n").unwrap();
+        let start = tokio::time::Instant::now();
+        token_changed(&config, Some(&old)).await;
+        assert!(start.elapsed() <= TOKEN_POLL, "{:?}", start.elapsed());
+
+        // No token yet (a Secret created after install): its arrival ends the wait.
+        std::fs::remove_file(&file).unwrap();
+        let waiting = tokio::spawn({
+            let config = config.clone();
+            async move { token_changed(&config, None).await }
+        });
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(!waiting.is_finished());
+        std::fs::write(&file, "tok_first_0000000000").unwrap();
+        tokio::time::timeout(TOKEN_POLL * 2, waiting)
+            .await
+            .expect("the new token ends the wait")
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_token_file_nothing_ends_the_wait() {
+        let config =
+            Config::parse(|k| (k == "AUTONOMIC_AUTH_TOKEN").then(|| "tok_x".into())).unwrap();
+        let wait = tokio::time::timeout(Duration::from_secs(3600), token_changed(&config, None));
+        assert!(wait.await.is_err());
     }
 }

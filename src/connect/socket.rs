@@ -65,6 +65,15 @@ pub fn bypasses_proxy(no_proxy: Option<&str>, host: &str) -> bool {
         })
 }
 
+/// An I/O error in the words users search logs for ("connection refused"), with the
+/// OS's own text after it.
+fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::ConnectionRefused => format!("connection refused ({e})"),
+        _ => e.to_string(),
+    }
+}
+
 /// Splits a proxy URL into `host:port`. Credentials in it are not supported (said so).
 fn proxy_authority(proxy: &str) -> Result<String, String> {
     let url = BaseUrl::parse(proxy)?;
@@ -85,7 +94,7 @@ pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
             .await
             .map_err(|e| DialError::Connect {
                 target,
-                reason: e.to_string(),
+                reason: io_reason(&e),
             });
     };
     let proxy_err = |reason: String| DialError::Proxy {
