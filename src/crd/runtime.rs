@@ -1,4 +1,4 @@
-use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, SecurityContext};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -41,6 +41,13 @@ pub struct RuntimeSpec {
     /// Compute resources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// The runtime container's securityContext. Unset, the manager applies the
+    /// restricted Pod Security Standard (non-root uid 65532, no privilege escalation, all
+    /// capabilities dropped, seccomp `RuntimeDefault`); set, this replaces it whole. Only
+    /// for images that truly need more: a namespace that enforces the restricted
+    /// standard refuses such pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<SecurityContext>,
 }
 
 /// Validity of a Runtime.

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec, Secret, SecretVolumeSource,
-    Volume, VolumeMount,
+    Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec, ResourceRequirements,
+    Secret, SecretVolumeSource, Volume, VolumeMount,
 };
 use kube::ResourceExt;
 use serde_json::json;
@@ -80,12 +80,19 @@ pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, String> {
     })
 }
 
+/// The manager's defaults for the agentlet sidecar (`AUTONOMIC_AGENTLET_*`).
+pub struct AgentletDefaults<'a> {
+    pub image: Option<&'a str>,
+    pub resources: &'a ResourceRequirements,
+}
+
 /// The pod the Agent should have, with its spec hash annotation.
 pub fn desired_pod(
     agent: &Agent,
     runtime: Option<&Runtime>,
-    default_agentlet: Option<&str>,
+    agentlet: &AgentletDefaults,
 ) -> Result<Pod, String> {
+    let default_agentlet = agentlet.image;
     let name = agent.name_any();
     let spec = &agent.spec;
     let tpl = runtime.map(|r| &r.spec);
@@ -140,6 +147,10 @@ pub fn desired_pod(
             .clone()
             .or_else(|| tpl.and_then(|t| t.resources.clone())),
         volume_mounts: Some(vec![mount.clone()]),
+        security_context: Some(
+            tpl.and_then(|t| t.security_context.clone())
+                .unwrap_or_else(common::restricted_security),
+        ),
         ..Default::default()
     };
     let field_env = |name: &str, path: &str| EnvVar {
@@ -166,12 +177,15 @@ pub fn desired_pod(
             field_env("POD_NAMESPACE", "metadata.namespace"),
         ]),
         volume_mounts: Some(vec![mount]),
+        resources: Some(agentlet.resources.clone()),
+        security_context: Some(common::restricted_security()),
         ..Default::default()
     };
     let pod_spec = PodSpec {
         containers: vec![agentlet, runtime_container],
         restart_policy: Some(spec.restart_policy.as_str().into()),
         service_account_name: spec.service_account_name.clone(),
+        security_context: Some(common::restricted_pod_security()),
         volumes: Some(vec![Volume {
             name: "autonomic-config".into(),
             secret: Some(SecretVolumeSource {
@@ -335,11 +349,11 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
     let name = agent.name_any();
     let refs = resolve(&agent, ctx);
     let desired = refs.as_ref().map_err(Clone::clone).and_then(|r| {
-        desired_pod(
-            &agent,
-            r.runtime.as_deref(),
-            ctx.config.agentlet_image.as_deref(),
-        )
+        let agentlet = AgentletDefaults {
+            image: ctx.config.agentlet_image.as_deref(),
+            resources: &ctx.config.agentlet_resources,
+        };
+        desired_pod(&agent, r.runtime.as_deref(), &agentlet)
     });
     let mut refused = None;
     if let Ok(refs) = &refs
@@ -432,6 +446,16 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
 mod tests {
     use super::*;
 
+    static RESOURCES: std::sync::LazyLock<ResourceRequirements> =
+        std::sync::LazyLock::new(crate::config::default_agentlet_resources);
+
+    fn al(image: Option<&str>) -> AgentletDefaults<'_> {
+        AgentletDefaults {
+            image,
+            resources: &RESOURCES,
+        }
+    }
+
     fn agent(yaml: &str) -> Agent {
         let mut a: Agent = serde_saphyr::from_str(yaml).unwrap();
         a.metadata.uid = Some("uid-a".into());
@@ -444,7 +468,9 @@ mod tests {
         let mut p: PodView =
             serde_saphyr::from_str(&format!("{{metadata: {{name: x}}, status: {health_yaml}}}"))
                 .unwrap();
-        p.metadata = desired_pod(a, None, Some("agentlet:1")).unwrap().metadata;
+        p.metadata = desired_pod(a, None, &al(Some("agentlet:1")))
+            .unwrap()
+            .metadata;
         p
     }
 
@@ -453,7 +479,7 @@ mod tests {
     #[test]
     fn pod_has_both_containers_labels_owner_and_config_mount() {
         let a = agent(BASE);
-        let p = desired_pod(&a, None, Some("agentlet:1")).unwrap();
+        let p = desired_pod(&a, None, &al(Some("agentlet:1"))).unwrap();
         assert_eq!(p.metadata.name.as_deref(), Some("triage"));
         let labels = p.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["app.kubernetes.io/managed-by"], "autonomic");
@@ -481,6 +507,41 @@ mod tests {
     }
 
     #[test]
+    fn containers_are_restricted_unless_the_runtime_asks_for_more() {
+        let a = agent(BASE);
+        let p = desired_pod(&a, None, &al(Some("agentlet:1"))).unwrap();
+        for c in p.spec.as_ref().unwrap().containers.iter() {
+            let sc = c.security_context.as_ref().unwrap();
+            assert_eq!(sc.run_as_non_root, Some(true), "{}", c.name);
+            assert_eq!(sc.run_as_user, Some(65532), "{}", c.name);
+            assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", c.name);
+            let drop = sc.capabilities.as_ref().unwrap().drop.as_ref().unwrap();
+            assert_eq!(drop, &["ALL"], "{}", c.name);
+            assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+        }
+        // The agentlet has requests and a memory limit.
+        let agentlet = &p.spec.as_ref().unwrap().containers[0];
+        let r = agentlet.resources.as_ref().unwrap();
+        assert!(r.requests.as_ref().unwrap().contains_key("memory"));
+        assert!(r.limits.as_ref().unwrap().contains_key("memory"));
+        // A Runtime that needs root says so explicitly; only its container changes.
+        let rt: Runtime = serde_saphyr::from_str(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Runtime, metadata: {name: root}, spec: {image: 'legacy:1', securityContext: {runAsUser: 0}}}",
+        )
+        .unwrap();
+        let a = agent(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: x, namespace: n}, spec: {runtime: {ref: root}}}",
+        );
+        let p = desired_pod(&a, Some(&rt), &al(Some("al"))).unwrap();
+        let spec = p.spec.unwrap();
+        let runtime = spec.containers[1].security_context.as_ref().unwrap();
+        assert_eq!(runtime.run_as_user, Some(0));
+        assert_eq!(runtime.run_as_non_root, None);
+        let agentlet = spec.containers[0].security_context.as_ref().unwrap();
+        assert_eq!(agentlet.run_as_user, Some(65532));
+    }
+
+    #[test]
     fn runtime_template_fills_and_overrides() {
         let rt: Runtime = serde_saphyr::from_str(
             "{apiVersion: autonomic.sh/v1alpha1, kind: Runtime, metadata: {name: py}, spec: {image: 'py:3', args: [a], env: [{name: A, value: '1'}, {name: B, value: '2'}]}}",
@@ -489,7 +550,7 @@ mod tests {
         let a = agent(
             "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: x, namespace: n}, spec: {runtime: {ref: py, env: [{name: B, value: over}, {name: C, value: '3'}]}}}",
         );
-        let p = desired_pod(&a, Some(&rt), Some("al")).unwrap();
+        let p = desired_pod(&a, Some(&rt), &al(Some("al"))).unwrap();
         let c = &p.spec.unwrap().containers[1];
         assert_eq!(c.image.as_deref(), Some("py:3"));
         assert_eq!(c.args.as_deref(), Some(&["a".to_string()][..]));
@@ -503,10 +564,14 @@ mod tests {
         // The template's change changes the hash: its agents roll.
         let mut rt2 = rt.clone();
         rt2.spec.image = Some("py:4".into());
-        let p2 = desired_pod(&a, Some(&rt2), Some("al")).unwrap();
+        let p2 = desired_pod(&a, Some(&rt2), &al(Some("al"))).unwrap();
         assert_ne!(
             common::pod_spec_hash(&p2.metadata),
-            common::pod_spec_hash(&desired_pod(&a, Some(&rt), Some("al")).unwrap().metadata)
+            common::pod_spec_hash(
+                &desired_pod(&a, Some(&rt), &al(Some("al")))
+                    .unwrap()
+                    .metadata
+            )
         );
     }
 
@@ -516,13 +581,13 @@ mod tests {
             "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: x, namespace: n}, spec: {}}",
         );
         assert!(
-            desired_pod(&a, None, Some("al"))
+            desired_pod(&a, None, &al(Some("al")))
                 .unwrap_err()
                 .contains("no runtime image")
         );
         let a = agent(BASE);
         assert!(
-            desired_pod(&a, None, None)
+            desired_pod(&a, None, &al(None))
                 .unwrap_err()
                 .contains("no agentlet image")
         );
@@ -532,7 +597,7 @@ mod tests {
     fn phases() {
         use AgentPhase::*;
         let a = agent(BASE);
-        let d = desired_pod(&a, None, Some("agentlet:1"));
+        let d = desired_pod(&a, None, &al(Some("agentlet:1")));
         assert_eq!(plan(&a, &d, None).action, PodAction::Create);
         assert_eq!(plan(&a, &d, None).phase, Pending);
 
@@ -600,12 +665,12 @@ mod tests {
         let old = owned_pod(&a, "{phase: Running}");
         let mut changed = a.clone();
         changed.spec.runtime.image = Some("rt:2".into());
-        let d = desired_pod(&changed, None, Some("agentlet:1"));
+        let d = desired_pod(&changed, None, &al(Some("agentlet:1")));
         assert_eq!(plan(&changed, &d, Some(&old)).action, PodAction::Delete);
 
         let mut never = a.clone();
         never.spec.restart_policy = crate::crd::RestartPolicy::Never;
-        let d = desired_pod(&never, None, Some("agentlet:1"));
+        let d = desired_pod(&never, None, &al(Some("agentlet:1")));
         let done = owned_pod(&never, "{phase: Succeeded}");
         assert_eq!(plan(&never, &d, Some(&done)).phase, Succeeded);
         let failed = owned_pod(&never, "{phase: Failed}");
@@ -624,7 +689,7 @@ mod tests {
             ));
         assert_eq!(plan(&never, &d, Some(&going)).phase, Succeeded);
         // With Always, an evicted pod is replaced.
-        let d = desired_pod(&a, None, Some("agentlet:1"));
+        let d = desired_pod(&a, None, &al(Some("agentlet:1")));
         let evicted = owned_pod(&a, "{phase: Failed, reason: Evicted}");
         assert_eq!(plan(&a, &d, Some(&evicted)).action, PodAction::Delete);
     }

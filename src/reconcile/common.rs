@@ -3,6 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::{
+    Capabilities, PodSecurityContext, SeccompProfile, SecurityContext,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use kube::Resource;
 use serde_json::Value;
@@ -92,6 +95,42 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// Hex hash of a value's JSON form.
+/// The container securityContext of every container the manager creates: what the
+/// restricted Pod Security Standard asks for, so agents and tools run in a namespace that
+/// enforces it. A fixed non-root uid (65532, distroless's `nonroot`) rather than only
+/// `runAsNonRoot`: many images default to root and would otherwise not start at all. A
+/// Runtime whose image truly needs more says so in its own `securityContext`.
+pub fn restricted_security() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(65532),
+        run_as_group: Some(65532),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The pod-level half: seccomp `RuntimeDefault` for every container that does not say
+/// otherwise. Nothing else at pod level, so a Runtime's own container securityContext
+/// (e.g. root) is not contradicted by a pod-level `runAsNonRoot`.
+pub fn restricted_pod_security() -> PodSecurityContext {
+    PodSecurityContext {
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 pub fn spec_hash<T: serde::Serialize>(value: &T) -> String {
     let json = serde_json::to_vec(value).unwrap_or_default();
     format!("{:016x}", fnv1a(&json))

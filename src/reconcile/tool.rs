@@ -81,8 +81,10 @@ pub fn desired_pod(tool: &Tool) -> Pod {
                 period_seconds: Some(2),
                 ..Default::default()
             }),
+            security_context: Some(common::restricted_security()),
             ..Default::default()
         }],
+        security_context: Some(common::restricted_pod_security()),
         ..Default::default()
     };
     let mut meta = common::child_meta(tool, Kind::Tool, pod_name(&name));
