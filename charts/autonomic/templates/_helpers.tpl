@@ -1,0 +1,92 @@
+{{/* Names. One release per namespace: the Lease is named after the manager. */}}
+{{- define "autonomic.fullname" -}}
+{{- printf "%s-manager" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Cluster-scoped objects carry the namespace too: two installs must not collide. */}}
+{{- define "autonomic.clusterName" -}}
+{{- printf "%s-%s" (include "autonomic.fullname" .) .Release.Namespace | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "autonomic.selectorLabels" -}}
+app.kubernetes.io/name: autonomic-manager
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "autonomic.labels" -}}
+{{ include "autonomic.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: autonomic
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* registry/repository[:tag][@digest]; the registry from the image, else global, else ghcr.io. */}}
+{{- define "autonomic.image" -}}
+{{- $img := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- $registry := $img.registry | default $root.Values.global.imageRegistry | default "ghcr.io" -}}
+{{- $tag := $img.tag | default $root.Chart.AppVersion -}}
+{{- if $img.digest -}}
+{{- printf "%s/%s@%s" $registry $img.repository $img.digest -}}
+{{- else -}}
+{{- printf "%s/%s:%s" $registry $img.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "autonomic.caConfigMap" -}}
+{{- if .Values.manager.caBundle.configMapName -}}
+{{- .Values.manager.caBundle.configMapName -}}
+{{- else -}}
+{{- printf "%s-ca" (include "autonomic.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "autonomic.hasCA" -}}
+{{- if or .Values.manager.caBundle.pem .Values.manager.caBundle.configMapName -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The rules the manager needs in every namespace it watches; each says why.
+No `update` anywhere. The caches see only objects labelled managed-by=autonomic, so
+`get` remains where the manager must look at a same-named object that is not its own
+(to refuse to touch it) or one the user names.
+*/}}
+{{- define "autonomic.workloadRules" -}}
+# The custom resources: watched (list/watch) into caches; patch for
+# pause/resume from the control plane; delete for its `delete` action.
+- apiGroups: ["autonomic.sh"]
+  resources: ["agents", "tools", "runtimes", "memories"]
+  verbs: ["list", "watch", "patch", "delete"]
+# Status is written through the status subresource only (merge patch).
+- apiGroups: ["autonomic.sh"]
+  resources: ["agents/status", "tools/status", "runtimes/status", "memories/status"]
+  verbs: ["patch"]
+# Agent and Tool pods: watched (only those labelled managed-by=autonomic), created,
+# deleted to recreate or pause; get when a create meets a pod of the same name, to
+# tell ours from a stranger's. Never patched: pods are not modified in place.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# Interactive shells (managed mode) and ending a shell's process. The exec is a
+# WebSocket upgrade, a GET, which the API server authorizes as `get`; newer API
+# servers also check `create`. Both are needed.
+- apiGroups: [""]
+  resources: ["pods/exec"]
+  verbs: ["get", "create"]
+# Tool Services and Agent/Memory Secrets: server-side applied (patch; create when
+# the apply creates), watched by label; get before an apply that the cache cannot
+# vouch for, so that a same-named object that is not ours is never taken over. On
+# Secrets, get is also what a Memory's `secretRef` needs: it names a Secret the
+# user chose, which RBAC cannot narrow (the manager checks that it exists; its data
+# is never logged or sent).
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Events, so `kubectl describe` tells what happened.
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}
