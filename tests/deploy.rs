@@ -6,6 +6,8 @@ mod support;
 
 use std::process::Command;
 
+use autonomic_manager::reconcile::agent::{AgentletDefaults, desired_pod};
+
 use autonomic_manager::crd::{Agent, AgentPhase};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -14,30 +16,6 @@ use kube::api::{Api, PostParams};
 use support::*;
 
 const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy.yaml");
-
-fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String) {
-    use std::io::Write;
-    let mut child = Command::new("kubectl")
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("kubectl on PATH");
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
-}
 
 const PDB_V1: &str = "apiVersion: policy/v1\nkind: PodDisruptionBudget";
 
@@ -49,9 +27,8 @@ fn manifest_in(ns: &str) -> String {
     let text = std::fs::read_to_string(DEPLOY).unwrap();
     assert!(text.contains("namespace: autonomic-system"));
     assert!(text.contains(PDB_V1), "deploy.yaml lost its policy/v1 PDB");
-    let text = text
-        .replace("name: autonomic-system\n", &format!("name: {ns}\n"))
-        .replace("namespace: autonomic-system", &format!("namespace: {ns}"));
+    // Namespaced names and the cluster-scoped names derived from the namespace alike.
+    let text = text.replace("autonomic-system", ns);
     let (ok, versions) = kubectl(&["api-versions"], None);
     assert!(ok, "kubectl api-versions: {versions}");
     if versions.lines().any(|l| l == "policy/v1") {
@@ -65,12 +42,8 @@ fn manifest_in(ns: &str) -> String {
 }
 
 /// The documents of deploy.yaml, parsed.
-fn documents() -> Vec<serde_json::Value> {
-    std::fs::read_to_string(DEPLOY)
-        .unwrap()
-        .split("\n---\n")
-        .filter_map(|doc| serde_saphyr::from_str::<Option<serde_json::Value>>(doc).unwrap())
-        .collect()
+fn deploy_documents() -> Vec<serde_json::Value> {
+    documents(&std::fs::read_to_string(DEPLOY).unwrap())
 }
 
 #[tokio::test]
@@ -86,8 +59,8 @@ async fn deploy_yaml_passes_a_server_side_dry_run() {
     for what in [
         "customresourcedefinition.apiextensions.k8s.io/agents.autonomic.sh",
         "serviceaccount/autonomic-manager",
-        "clusterrole.rbac.authorization.k8s.io/autonomic-manager",
-        "clusterrolebinding.rbac.authorization.k8s.io/autonomic-manager",
+        "clusterrole.rbac.authorization.k8s.io/autonomic-manager-dry-run",
+        "clusterrolebinding.rbac.authorization.k8s.io/autonomic-manager-dry-run",
         "role.rbac.authorization.k8s.io/autonomic-manager-leader-election",
         "rolebinding.rbac.authorization.k8s.io/autonomic-manager-leader-election",
         "poddisruptionbudget.policy/autonomic-manager",
@@ -283,7 +256,7 @@ impl Drop for PrivateBed {
 #[tokio::test]
 async fn pod_template_is_admitted_by_a_restricted_pod_security_policy() {
     // The pod the Deployment would create, built from deploy.yaml's template.
-    let deployment = documents()
+    let deployment = deploy_documents()
         .into_iter()
         .find(|d| d["kind"] == "Deployment")
         .expect("a Deployment in deploy.yaml");
@@ -295,7 +268,7 @@ async fn pod_template_is_admitted_by_a_restricted_pod_security_policy() {
         "metadata": {"name": "manager", "namespace": ns, "labels": template["metadata"]["labels"]},
         "spec": template["spec"],
     });
-    let namespace = documents()
+    let namespace = deploy_documents()
         .into_iter()
         .find(|d| d["kind"] == "Namespace")
         .expect("a Namespace in deploy.yaml");
@@ -362,6 +335,63 @@ subjects: [{{kind: ServiceAccount, name: autonomic-manager, namespace: {ns}}}]
     assert_eq!(
         admitted["spec"]["containers"][0]["securityContext"],
         pod["spec"]["containers"][0]["securityContext"]
+    );
+
+    // The pods the manager creates, built by its own code with its defaults and created
+    // as its ServiceAccount: an Agent's (agentlet + runtime) and a Tool's.
+    let agent: Agent = yaml(&format!(
+        "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {{name: a, namespace: {ns}, uid: u1}}\nspec: {{runtime: {{image: '{BUSYBOX_IMAGE}'}}}}"
+    ));
+    let resources = autonomic_manager::config::default_agentlet_resources();
+    let agentlet = AgentletDefaults {
+        image: Some(AGENTLET_IMAGE),
+        resources: &resources,
+    };
+    let tool: autonomic_manager::crd::Tool = yaml(&format!(
+        "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {{name: t, namespace: {ns}, uid: u2}}\nspec: {{image: '{BUSYBOX_IMAGE}'}}"
+    ));
+    let made = [
+        ("Agent", desired_pod(&agent, None, &agentlet).unwrap()),
+        (
+            "Tool",
+            autonomic_manager::reconcile::tool::desired_pod(&tool),
+        ),
+    ];
+    for (kind, made_pod) in &made {
+        let made_pod = serde_json::to_value(made_pod).unwrap();
+        let (ok, out) = create(&made_pod);
+        assert!(ok, "the manager's {kind} pod was refused:\n{out}");
+        let admitted: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            admitted["metadata"]["annotations"]["kubernetes.io/psp"], "restricted",
+            "{kind} pod"
+        );
+        for (i, c) in made_pod["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(
+                admitted["spec"]["containers"][i]["securityContext"], c["securityContext"],
+                "{kind} pod: the policy changed container {}",
+                c["name"]
+            );
+        }
+    }
+    // A Runtime that asks for root says so explicitly, and a restricted namespace refuses it.
+    let root: autonomic_manager::crd::Runtime = yaml(&format!(
+        "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {{name: root, namespace: {ns}}}\nspec: {{image: '{BUSYBOX_IMAGE}', securityContext: {{runAsUser: 0}}}}"
+    ));
+    let root_pod = desired_pod(&agent, Some(&root), &agentlet).unwrap();
+    let (ok, out) = create(&serde_json::to_value(&root_pod).unwrap());
+    assert!(
+        !ok,
+        "a root runtime was admitted under the restricted policy"
+    );
+    assert!(
+        out.contains("PodSecurityPolicy: unable to admit pod"),
+        "{out}"
     );
 
     // Negative controls: each single violation is refused, so the check above can fail.

@@ -316,22 +316,18 @@ async fn proxied_leader(
     name: &str,
     cp: &FakeCp,
 ) -> (Manager, tokio::sync::watch::Sender<bool>) {
-    let kubeconfig = std::fs::read_to_string(std::env::var("KUBECONFIG").unwrap()).unwrap();
-    let server = kubeconfig
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: https://"))
+    // The chart's identity, with the API server's address swapped for the proxy's.
+    let mut kubeconfig: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(chart_identity(ns, &[ns])).unwrap()).unwrap();
+    let server = kubeconfig["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .and_then(|s| s.strip_prefix("https://"))
         .expect("server in the kubeconfig")
         .to_owned();
     let (port, cut) = cuttable_proxy(server.clone()).await;
+    kubeconfig["clusters"][0]["cluster"]["server"] = format!("https://127.0.0.1:{port}").into();
     let proxied = log_dir().join(format!("{ns}-{name}.kubeconfig"));
-    std::fs::write(
-        &proxied,
-        kubeconfig.replace(
-            &format!("server: https://{server}"),
-            &format!("server: https://127.0.0.1:{port}"),
-        ),
-    )
-    .unwrap();
+    std::fs::write(&proxied, kubeconfig.to_string()).unwrap();
     let mut env = elected_env(cp, ns, name);
     env.push(("KUBECONFIG", proxied.display().to_string()));
     let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();

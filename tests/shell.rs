@@ -16,9 +16,6 @@ use tokio::io::AsyncReadExt;
 
 const TOKEN: &str = "tok_live_5e1d0c9b8a7f6e52";
 
-/// How long output or an exec's end may take to show up (a bound, not a timing claim).
-const OUTPUT_WAIT: Duration = Duration::from_secs(60);
-
 const IDLE: &str = r#"["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]"#;
 
 fn start(ns: &str, cp: &FakeCp, extra: &[(&str, &str)]) -> Manager {
@@ -51,67 +48,12 @@ async fn active(ns: &TestNamespace, cp: &FakeCp, name: &str) {
     reported(cp, &ns.name, name, "Active").await;
 }
 
-/// Waits for a snapshot or delta that carries Agent `ns/name` in `phase`.
-async fn reported(cp: &FakeCp, ns: &str, name: &str, phase: &str) {
-    cp.wait_frame(&format!("Agent {ns}/{name} reported {phase}"), |r| {
-        r.resources().iter().any(|a| {
-            a["kind"] == "Agent" && a["namespace"] == ns && a["name"] == name && a["phase"] == phase
-        })
-    })
-    .await;
-}
-
-async fn open(cp: &FakeCp, channel: u32, target: Value, command: Option<&[&str]>, tty: bool) {
-    let mut frame = json!({
-        "type": "io_open", "channel": channel, "session_id": format!("sess-{channel}"),
-        "actor": "alice@example.com", "target": target, "tty": tty, "cols": 80, "rows": 24,
-    });
-    if let Some(c) = command {
-        frame["command"] = json!(c);
-    }
-    cp.send(frame).await;
-}
-
-fn target(ns: &str, agent: &str) -> Value {
-    json!({"namespace": ns, "agent": agent})
-}
-
-async fn stdin(cp: &FakeCp, channel: u32, text: &str) {
-    let mut b = channel.to_be_bytes().to_vec();
-    b.push(0);
-    b.extend_from_slice(text.as_bytes());
-    cp.send_binary(b).await;
-}
-
-fn frame_on(t: &'static str, channel: u32) -> impl Fn(&Received) -> bool {
-    move |r| {
-        r.frame_type() == Some(t)
-            && r.json().and_then(|v| v["channel"].as_u64()) == Some(channel as u64)
-    }
-}
-
 fn audit_of(action: &'static str, session: String) -> impl Fn(&Received) -> bool {
     move |r| {
         r.frame_type() == Some("audit")
             && r.json().is_some_and(|v| {
                 v["event"]["action"] == action && v["event"]["session_id"] == session.as_str()
             })
-    }
-}
-
-/// Waits until `channel`'s output on `stream` holds `needle`; returns the output.
-async fn wait_output(cp: &FakeCp, channel: u32, stream: u8, needle: &str) -> String {
-    let deadline = Instant::now() + OUTPUT_WAIT;
-    loop {
-        let out = String::from_utf8_lossy(&cp.output(channel, stream)).into_owned();
-        if out.contains(needle) {
-            return out;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {needle:?} on channel {channel} stream {stream}; output so far: {out:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -292,6 +292,37 @@ pub fn render(md: &str, files: &[String], before: Option<&str>) {
         );
     }
 
+    // --- the install users run (tests/helm.rs, run by scripts/bench on the full bed)
+    let inst = get("install");
+    if let Some(runs) = inst["runs"].as_array().filter(|r| !r.is_empty()) {
+        let col = |k: &str| {
+            let mut v: Vec<f64> = runs.iter().map(|r| f(&r[k])).collect();
+            v.sort_by(f64::total_cmp);
+            format!(
+                "median {:.1} s (min {:.1}, max {:.1}; {} runs)",
+                v[v.len() / 2] / 1000.0,
+                v[0] / 1000.0,
+                v[v.len() - 1] / 1000.0,
+                v.len()
+            )
+        };
+        let _ = writeln!(
+            s,
+            "| 8 | Two-replica Helm install: `helm upgrade … --set manager.managed=true` returned → hello and snapshot at the control plane | {} | | | a few seconds | |",
+            col("upgrade_to_snapshot_ms")
+        );
+        let _ = writeln!(
+            s,
+            "| 9 | Rejected token fixed in the Secret → the next connection carries it (the kubelet's Secret refresh included: most of it) | {} | | | | |",
+            col("secret_rotated_to_connection_ms")
+        );
+        let _ = writeln!(
+            s,
+            "| 10 | Leader pod deleted → the standby's hello | {} | | | | |",
+            col("leader_deleted_to_hello_ms")
+        );
+    }
+
     // --- memory by object count
     let _ = writeln!(
         s,

@@ -148,6 +148,8 @@ struct Inner {
     path: String,
     /// Set in TLS mode: every accepted TCP connection runs a TLS handshake first.
     tls: Option<TlsAcceptor>,
+    /// The address listened on (loopback unless started with `start_tls_on`).
+    ip: std::net::Ipv4Addr,
 }
 
 /// A byte stream the fake serves on: plain TCP, or TLS over it.
@@ -157,6 +159,8 @@ type Stream = Box<dyn Io>;
 
 struct State {
     mode: Mode,
+    /// The one bearer token accepted, when set.
+    token: Option<String>,
     heartbeat_interval_s: u64,
     snapshot_interval_s: u64,
     auto_heartbeat: bool,
@@ -248,7 +252,17 @@ impl FakeCp {
         FakeCp::start_inner("", Some(tls_acceptor(cert_pem, key_pem))).await
     }
 
+    /// Like [`start_tls`](Self::start_tls), listening on `ip` instead of loopback: the
+    /// test bed's bridge address, where pods (an in-cluster manager) reach it.
+    pub async fn start_tls_on(ip: std::net::Ipv4Addr, cert_pem: &str, key_pem: &str) -> FakeCp {
+        FakeCp::start_on(ip, "", Some(tls_acceptor(cert_pem, key_pem))).await
+    }
+
     async fn start_inner(prefix: &str, tls: Option<TlsAcceptor>) -> FakeCp {
+        FakeCp::start_on(std::net::Ipv4Addr::LOCALHOST, prefix, tls).await
+    }
+
+    async fn start_on(ip: std::net::Ipv4Addr, prefix: &str, tls: Option<TlsAcceptor>) -> FakeCp {
         let prefix = if prefix.is_empty() || prefix.starts_with('/') {
             prefix.to_owned()
         } else {
@@ -257,6 +271,7 @@ impl FakeCp {
         let inner = Arc::new(Inner {
             state: Mutex::new(State {
                 mode: Mode::Accept,
+                token: None,
                 heartbeat_interval_s: 15,
                 snapshot_interval_s: 300,
                 auto_heartbeat: true,
@@ -273,6 +288,7 @@ impl FakeCp {
             }),
             path: format!("{}{CONNECT_PATH}", prefix.trim_end_matches('/')),
             tls,
+            ip,
         });
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -309,7 +325,7 @@ impl FakeCp {
         } else {
             "http"
         };
-        format!("{scheme}://127.0.0.1:{}{}", self.port, self.prefix)
+        format!("{scheme}://{}:{}{}", self.inner.ip, self.port, self.prefix)
     }
 
     /// The port listened on; the same across [`stop`](Self::stop)/[`restart`](Self::restart).
@@ -320,6 +336,11 @@ impl FakeCp {
     /// How the next upgrade requests are answered.
     pub fn set_mode(&self, mode: Mode) {
         self.inner.state().mode = mode;
+    }
+
+    /// Accept only upgrades carrying `Bearer <token>` (401 for any other); None: any.
+    pub fn set_token(&self, token: Option<&str>) {
+        self.inner.state().token = token.map(str::to_owned);
     }
 
     /// The intervals the next `welcome` frames carry (defaults 15 and 300).
@@ -527,7 +548,7 @@ impl FakeCp {
         let task = self.rt.spawn(async move {
             let deadline = Instant::now() + Duration::from_secs(10);
             let listener = loop {
-                match bind(port) {
+                match bind(inner.ip, port) {
                     Ok(l) => break l,
                     Err(e) if port == 0 || Instant::now() >= deadline => {
                         let _ = bound.send(Err(e));
@@ -577,10 +598,10 @@ fn summarize(frames: &[Received]) -> String {
 }
 
 /// Binds with SO_REUSEADDR so a restart is not refused while old sockets sit in TIME_WAIT.
-fn bind(port: u16) -> io::Result<TcpListener> {
+fn bind(ip: std::net::Ipv4Addr, port: u16) -> io::Result<TcpListener> {
     let socket = TcpSocket::new_v4()?;
     socket.set_reuseaddr(true)?;
-    socket.bind(SocketAddr::from(([127, 0, 0, 1], port)))?;
+    socket.bind(SocketAddr::from((ip, port)))?;
     socket.listen(1024)
 }
 
@@ -754,6 +775,12 @@ async fn serve_socket(inner: Arc<Inner>, mut tcp: Stream) {
         } else {
             match mode {
                 Mode::Reject(code) => code,
+                _ if s.token.as_ref().is_some_and(|t| {
+                    head.headers.get("authorization") != Some(&format!("Bearer {t}"))
+                }) =>
+                {
+                    401
+                }
                 Mode::Accept | Mode::Silent => 101,
             }
         };

@@ -11,10 +11,12 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fake_cp::{FakeCp, Received};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
 
 pub const AGENTLET_IMAGE: &str = "autonomic.test/agentlet:1";
 pub const BUSYBOX_IMAGE: &str = "autonomic.test/busybox:1";
@@ -196,6 +198,146 @@ pub fn log_dir() -> PathBuf {
     dir
 }
 
+/// The helm binary: `HELM` (scripts/test installs it), else `helm` on PATH.
+pub fn helm() -> String {
+    std::env::var("HELM").unwrap_or_else(|_| "helm".into())
+}
+
+/// The project's chart.
+pub const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/autonomic");
+
+/// Runs a command; its stdout, or a panic with its stderr.
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `helm template` of the chart as release `autonomic` in `namespace`, with `--set`s.
+pub fn render_chart(namespace: &str, sets: &[String]) -> String {
+    let mut cmd = Command::new(helm());
+    cmd.args(["template", "autonomic", CHART, "--namespace", namespace]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    run_ok(&mut cmd)
+}
+
+/// The YAML documents of a manifest, parsed.
+pub fn documents(manifest: &str) -> Vec<serde_json::Value> {
+    manifest
+        .split("\n---\n")
+        .filter_map(|doc| serde_saphyr::from_str::<Option<serde_json::Value>>(doc).unwrap())
+        .filter(|d| d.is_object())
+        .collect()
+}
+
+/// `kubectl` with the admin kubeconfig, for the tests' own setup; stdin optional.
+pub fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl on PATH");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// The identity the chart gives the manager, for a manager living in `home` and watching
+/// `watch` (empty: all namespaces): the chart's ServiceAccount and RBAC, rendered by helm
+/// with those values and applied (as admin), and a kubeconfig holding that
+/// ServiceAccount's token (TokenRequest). Made once per (home, watch) and reused.
+pub fn chart_identity(home: &str, watch: &[&str]) -> PathBuf {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static MADE: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let key = format!("{home}|{}", watch.join(","));
+    let mut made = MADE.get_or_init(Default::default).lock().unwrap();
+    if let Some(path) = made.get(&key) {
+        return path.clone();
+    }
+    let sets = vec![format!("manager.watchNamespaces={{{}}}", watch.join(","))];
+    let rbac: Vec<serde_json::Value> = documents(&render_chart(home, &sets))
+        .into_iter()
+        .filter(|d| {
+            matches!(
+                d["kind"].as_str(),
+                Some(
+                    "ServiceAccount"
+                        | "Role"
+                        | "RoleBinding"
+                        | "ClusterRole"
+                        | "ClusterRoleBinding"
+                )
+            )
+        })
+        .collect();
+    assert!(rbac.len() >= 4, "the chart rendered no RBAC");
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rbac});
+    let (ok, out) = kubectl(&["apply", "-f", "-"], Some(&list.to_string()));
+    assert!(ok, "applying the chart's RBAC failed:\n{out}");
+    let sa = rbac
+        .iter()
+        .find(|d| d["kind"] == "ServiceAccount")
+        .and_then(|d| d["metadata"]["name"].as_str())
+        .unwrap()
+        .to_owned();
+    let token = run_ok(Command::new("kubectl").args([
+        "-n",
+        home,
+        "create",
+        "token",
+        &sa,
+        "--duration=12h",
+    ]));
+    let view = |path: &str| {
+        run_ok(Command::new("kubectl").args([
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "-o",
+            &format!("jsonpath={{{path}}}"),
+        ]))
+    };
+    let kubeconfig = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "bed", "cluster": {
+            "server": view(".clusters[0].cluster.server"),
+            "certificate-authority-data": view(".clusters[0].cluster.certificate-authority-data"),
+        }}],
+        "users": [{"name": sa, "user": {"token": token.trim()}}],
+        "contexts": [{"name": "manager", "context": {"cluster": "bed", "user": sa, "namespace": home}}],
+        "current-context": "manager",
+    });
+    let path = log_dir().join(format!("{home}-{}.kubeconfig", made.len()));
+    std::fs::write(&path, kubeconfig.to_string()).unwrap();
+    made.insert(key, path.clone());
+    path
+}
+
 /// The manager binary, run as a child process.
 pub struct Manager {
     child: Child,
@@ -211,15 +353,22 @@ impl Manager {
 
     /// Like [`start`](Self::start), logging to `<name>.log`: for several managers in
     /// one namespace.
+    ///
+    /// The manager runs as the chart's ServiceAccount (see [`chart_identity`]), never
+    /// with the admin kubeconfig, and a test fails if it was refused any request.
     pub fn start_as(namespace: &str, name: &str, env: &[(&str, &str)]) -> Manager {
         let log = log_dir().join(format!("{name}.log"));
         let file = std::fs::File::create(&log).unwrap();
+        let watch: Vec<&str> = env
+            .iter()
+            .find(|(k, _)| *k == "AUTONOMIC_NAMESPACES")
+            .map_or(vec![namespace], |(_, v)| {
+                v.split(',').filter(|s| !s.is_empty()).collect()
+            });
+        let kubeconfig = chart_identity(namespace, &watch);
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_autonomic-manager"));
         cmd.env_clear()
-            .env(
-                "KUBECONFIG",
-                std::env::var("KUBECONFIG").unwrap_or_default(),
-            )
+            .env("KUBECONFIG", &kubeconfig)
             .env("AUTONOMIC_NAMESPACES", namespace)
             .env("AUTONOMIC_PROBE_ADDR", "127.0.0.1:0")
             .env("AUTONOMIC_AGENTLET_IMAGE", AGENTLET_IMAGE)
@@ -345,6 +494,17 @@ impl Drop for Manager {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The chart's RBAC must cover everything the manager does: any refusal fails
+        // the test (unless it is failing already).
+        if !std::thread::panicking() {
+            let logs = self.logs();
+            if let Some(line) = logs.lines().find(|l| l.contains("forbidden")) {
+                panic!(
+                    "the manager was refused a request with the chart's RBAC ({}):\n{line}",
+                    self.log.display()
+                );
+            }
+        }
     }
 }
 
@@ -374,4 +534,64 @@ where
 /// Builds an object from YAML, for readable fixtures.
 pub fn yaml<K: DeserializeOwned>(text: &str) -> K {
     serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("fixture does not parse: {e}\n{text}"))
+}
+
+// Driving shells through the fake control plane (PROTOCOL.md §6).
+
+/// How long output or an exec's end may take to show up (a bound, not a timing claim).
+pub const OUTPUT_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits for a snapshot or delta that carries Agent `ns/name` in `phase`.
+pub async fn reported(cp: &FakeCp, ns: &str, name: &str, phase: &str) {
+    cp.wait_frame(&format!("Agent {ns}/{name} reported {phase}"), |r| {
+        r.resources().iter().any(|a| {
+            a["kind"] == "Agent" && a["namespace"] == ns && a["name"] == name && a["phase"] == phase
+        })
+    })
+    .await;
+}
+
+pub async fn open(cp: &FakeCp, channel: u32, target: Value, command: Option<&[&str]>, tty: bool) {
+    let mut frame = json!({
+        "type": "io_open", "channel": channel, "session_id": format!("sess-{channel}"),
+        "actor": "alice@example.com", "target": target, "tty": tty, "cols": 80, "rows": 24,
+    });
+    if let Some(c) = command {
+        frame["command"] = json!(c);
+    }
+    cp.send(frame).await;
+}
+
+pub fn target(ns: &str, agent: &str) -> Value {
+    json!({"namespace": ns, "agent": agent})
+}
+
+pub async fn stdin(cp: &FakeCp, channel: u32, text: &str) {
+    let mut b = channel.to_be_bytes().to_vec();
+    b.push(0);
+    b.extend_from_slice(text.as_bytes());
+    cp.send_binary(b).await;
+}
+
+pub fn frame_on(t: &'static str, channel: u32) -> impl Fn(&Received) -> bool {
+    move |r| {
+        r.frame_type() == Some(t)
+            && r.json().and_then(|v| v["channel"].as_u64()) == Some(channel as u64)
+    }
+}
+
+/// Waits until `channel`'s output on `stream` holds `needle`; returns the output.
+pub async fn wait_output(cp: &FakeCp, channel: u32, stream: u8, needle: &str) -> String {
+    let deadline = Instant::now() + OUTPUT_WAIT;
+    loop {
+        let out = String::from_utf8_lossy(&cp.output(channel, stream)).into_owned();
+        if out.contains(needle) {
+            return out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} on channel {channel} stream {stream}; output so far: {out:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

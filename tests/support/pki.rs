@@ -35,7 +35,7 @@ const SERVER_EXTENSIONS: &str = "\
 basicConstraints = critical, CA:FALSE
 keyUsage = critical, digitalSignature, keyEncipherment
 extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1, DNS:localhost
+subjectAltName = IP:127.0.0.1, DNS:localhost{extra}
 subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid
 ";
@@ -44,6 +44,11 @@ authorityKeyIdentifier = keyid
 /// Returns `(path of the CA certificate PEM, server certificate PEM, server key PEM)`.
 /// Fails the test (never skips) when `openssl` is missing or fails.
 pub fn test_pki() -> (PathBuf, String, String) {
+    test_pki_for(&[])
+}
+
+/// Like [`test_pki`], the server certificate also valid for the IP addresses `ips`.
+pub fn test_pki_for(ips: &[std::net::Ipv4Addr]) -> (PathBuf, String, String) {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -53,7 +58,8 @@ pub fn test_pki() -> (PathBuf, String, String) {
     let write = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
     write("ca.cnf", CA_CONFIG);
     write("server.cnf", SERVER_CONFIG);
-    write("server.ext", SERVER_EXTENSIONS);
+    let extra: String = ips.iter().map(|ip| format!(", IP:{ip}")).collect();
+    write("server.ext", &SERVER_EXTENSIONS.replace("{extra}", &extra));
 
     let ec_key = [
         "genpkey",
