@@ -10,7 +10,6 @@ use autonomic_manager::reconcile::agent::{AgentletDefaults, desired_pod};
 
 use autonomic_manager::crd::{Agent, AgentPhase};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use support::*;
@@ -122,23 +121,11 @@ async fn manager_runs_as_a_pod_from_deploy_yaml() {
         .iter()
         .filter_map(|p| p.metadata.name.clone())
         .collect();
-    let lease = wait_for(
-        &home.api::<Lease>(),
-        "autonomic-manager",
-        "held",
-        |l: &Lease| {
-            l.spec
-                .as_ref()
-                .and_then(|s| s.holder_identity.as_deref())
-                .is_some_and(|h| !h.is_empty())
-        },
-    )
-    .await;
-    let holder = lease.spec.unwrap().holder_identity.unwrap();
-    let leader = pods
-        .iter()
-        .find(|p| holder.starts_with(&format!("{p}_")))
-        .unwrap_or_else(|| panic!("the Lease holder {holder:?} is none of the pods {pods:?}"));
+    let leader = lease_holder_pod(&home).await;
+    assert!(
+        pods.contains(&leader),
+        "the Lease holder {leader:?} is none of the pods {pods:?}"
+    );
 
     let agents: Api<Agent> = ns.api();
     let a: Agent = yaml(&format!(
@@ -158,7 +145,7 @@ async fn manager_runs_as_a_pod_from_deploy_yaml() {
             .any(|l| l.starts_with('{') && l.contains("\"phase\":\"Active\""))
     };
     wait_until("a JSON log line saying Active", || async {
-        json_line(&kubectl(&["-n", &home.name, "logs", leader], None).1)
+        json_line(&kubectl(&["-n", &home.name, "logs", &leader], None).1)
     })
     .await;
 }

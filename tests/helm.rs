@@ -13,7 +13,6 @@ use std::time::Instant;
 
 use autonomic_manager::crd::Agent;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use support::fake_cp::{FakeCp, Received};
@@ -44,24 +43,6 @@ fn token_secret(token: &str) -> Secret {
     yaml(&format!(
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: autonomic-auth}}\nstringData: {{token: {token}}}"
     ))
-}
-
-/// The pod holding the Lease.
-async fn leader(home: &TestNamespace) -> String {
-    let lease = wait_for(
-        &home.api::<Lease>(),
-        "autonomic-manager",
-        "held",
-        |l: &Lease| {
-            l.spec
-                .as_ref()
-                .and_then(|s| s.holder_identity.as_deref())
-                .is_some_and(|h| !h.is_empty())
-        },
-    )
-    .await;
-    let holder = lease.spec.unwrap().holder_identity.unwrap();
-    holder.rsplit_once('_').unwrap().0.to_owned()
 }
 
 fn hello_on(conn: usize) -> impl Fn(&Received) -> bool {
@@ -244,7 +225,7 @@ async fn helm_install_then_the_platforms_command_manages_it_end_to_end() {
 
     // 5. The leader pod is deleted: it closes its connection and releases the Lease; the
     //    standby connects. Never two connections at once.
-    let old_leader = leader(&home).await;
+    let old_leader = lease_holder_pod(&home).await;
     assert_eq!(old_leader, first_pod);
     let deleted = Instant::now();
     pods.delete(&old_leader, &DeleteParams::default())

@@ -338,6 +338,28 @@ pub fn chart_identity(home: &str, watch: &[&str]) -> PathBuf {
     path
 }
 
+/// The pod holding the manager's Lease in `home` (its identity is `<pod>_<boot id>`),
+/// once someone holds it.
+pub async fn lease_holder_pod(home: &TestNamespace) -> String {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let lease = wait_for(
+        &home.api::<Lease>(),
+        "autonomic-manager",
+        "held",
+        |l: &Lease| {
+            l.spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+                .is_some_and(|h| !h.is_empty())
+        },
+    )
+    .await;
+    let holder = lease.spec.unwrap().holder_identity.unwrap();
+    holder
+        .rsplit_once('_')
+        .map_or(holder.clone(), |(pod, _)| pod.to_owned())
+}
+
 /// The manager binary, run as a child process.
 pub struct Manager {
     child: Child,
