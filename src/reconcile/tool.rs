@@ -211,19 +211,19 @@ pub fn plan(tool: &Tool, current: Option<&PodView>, demand: Demand, now: Timesta
         let since = demand.idle_since.filter(|s| *s <= start).unwrap_or(start);
         let grace = SignedDuration::from_secs(tool.spec.idle_seconds.clamp(0, 86_400));
         let until = since.checked_add(grace).unwrap_or(since);
-        let health = common::pod_health(pod);
         let stale = common::pod_spec_hash(&pod.metadata)
             != common::pod_spec_hash(&desired_pod(tool).metadata);
-        // Past the grace, ended, or built from an old spec: no one needs this pod.
-        if now >= until || stale || matches!(health, Health::Succeeded | Health::Failed(_)) {
-            return plan_of(Delete, Pending, IDLE);
-        }
-        let (phase, state) = match health {
+        let (phase, state) = match common::pod_health(pod) {
             Health::Ready => (Ready, format!("serving at {}", endpoint(tool))),
             Health::Pending(m) => (Pending, m),
             Health::Error(m) => (Error, m),
-            Health::Succeeded | Health::Failed(_) => unreachable!("handled above"),
+            // Ended: not replaced for no one.
+            Health::Succeeded | Health::Failed(_) => return plan_of(Delete, Pending, IDLE),
         };
+        // Past the grace, or built from an old spec (not rebuilt for no one).
+        if now >= until || stale {
+            return plan_of(Delete, Pending, IDLE);
+        }
         return Plan {
             action: WaitUntil(until),
             phase,
