@@ -132,7 +132,26 @@ pub enum Change<'a, K> {
 
 /// Feeds `cache` from one watch stream until the stream ends (it never does on its own:
 /// the watcher retries with backoff). `on_change` runs for every change, in order.
-pub async fn drive<K>(
+///
+/// The stream is counted in `gate` when `drive` is called, not when its future first
+/// runs: otherwise the gate could say "synced" while a spawned stream has not started
+/// (a Tool decided before the Agent watch listed would see no users).
+pub fn drive<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    scope: Option<String>,
+    cache: Arc<Cache<K>>,
+    gate: Arc<SyncGate>,
+    on_change: impl Fn(Change<'_, K>) + Send,
+) -> impl Future<Output = ()> + Send
+where
+    K: Resource + ResourceExt + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    gate.expect();
+    drive_counted(api, config, scope, cache, gate, on_change)
+}
+
+async fn drive_counted<K>(
     api: Api<K>,
     config: watcher::Config,
     scope: Option<String>,
@@ -142,7 +161,6 @@ pub async fn drive<K>(
 ) where
     K: Resource + ResourceExt + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    gate.expect();
     let mut first_sync = true;
     let mut seen: HashSet<ObjKey> = HashSet::new();
     let mut stream = watcher::watcher(api, config).default_backoff().boxed();

@@ -107,8 +107,18 @@ async fn hello_snapshot_then_deltas_for_every_kind() {
                 })
         }
     };
-    cp.wait_frame("Tool upsert", upsert_of("Tool", "t1", |_| true))
-        .await;
+    // No Agent uses the Tool: the wire form says why it has no pod.
+    cp.wait_frame(
+        "Tool upsert, idle for want of users",
+        upsert_of("Tool", "t1", |r| {
+            r["demand"]
+                == json!({"users": 0, "state": "idle", "idle_since": null, "idle_until": null})
+                && r["message"] == "idle: no Agent uses this tool"
+                && r["status"]["users"] == 0
+                && r["pods"] == json!([])
+        }),
+    )
+    .await;
     cp.wait_frame(
         "Memory bound",
         upsert_of("Memory", "m1", |r| {

@@ -28,8 +28,9 @@ async fn tool_serves_behind_a_service_and_can_be_disabled() {
     let ns = TestNamespace::new(&client, "tool").await;
     let _m = Manager::start(&ns.name, &[]);
     let tools: Api<Tool> = ns.api();
+    // alwaysOn: no Agent uses it, so on demand it would have no pod (tests/tools.rs).
     let t: Tool = yaml(&format!(
-        "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {{name: search}}\nspec: {{image: '{BUSYBOX_IMAGE}', command: {SERVER}, port: 8080}}"
+        "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {{name: search}}\nspec: {{image: '{BUSYBOX_IMAGE}', command: {SERVER}, port: 8080, alwaysOn: true}}"
     ));
     tools.create(&PostParams::default(), &t).await.unwrap();
     let t = wait_for(&tools, "search", "Ready", |t| {
@@ -58,6 +59,7 @@ async fn tool_serves_behind_a_service_and_can_be_disabled() {
     }
     assert_eq!(pod.labels()["autonomic.sh/tool"], "search");
 
+    // disabled wins over alwaysOn.
     merge(&tools, "search", json!({"spec": {"disabled": true}})).await;
     wait_for(&tools, "search", "Disabled", |t| {
         tool_phase(t) == Some(ToolPhase::Disabled)
@@ -111,9 +113,23 @@ async fn tool_errors_name_their_cause() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("65535"), "{err}");
+    // So is an idle grace out of 0..=86400.
+    for (idle, bound) in [("86401", "86400"), ("-1", "0")] {
+        let bad: Tool = yaml(&format!(
+            "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {{name: badidle}}\nspec: {{image: x, idleSeconds: {idle}}}"
+        ));
+        let err = tools
+            .create(&PostParams::default(), &bad)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("idleSeconds") && err.to_string().contains(bound),
+            "{err}"
+        );
+    }
     if has_node() {
         let t: Tool = yaml(
-            "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {name: ghost}\nspec: {image: 'autonomic.test/no-such-tool:1'}",
+            "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {name: ghost}\nspec: {image: 'autonomic.test/no-such-tool:1', alwaysOn: true}",
         );
         tools.create(&PostParams::default(), &t).await.unwrap();
         let t = wait_for(&tools, "ghost", "Error", |t| {

@@ -142,7 +142,47 @@ pub fn agent(ctx: &Context, a: &Agent) -> Value {
 pub fn tool(ctx: &Context, t: &Tool) -> Value {
     let pod = tool::pod_name(&t.name_any());
     let pods = owned_pod(ctx, &t.namespace().unwrap_or_default(), &pod, t.uid());
-    build(Kind::Tool, t, &t.spec, t.status.as_ref(), "Ready", pods)
+    let mut v = build(Kind::Tool, t, &t.spec, t.status.as_ref(), "Ready", pods);
+    v["demand"] = tool_demand(t);
+    v
+}
+
+/// Why a Tool's pod runs or not, for the dashboard (from its spec and status):
+/// `users` (Agents that want it), `state` — `disabled`, `always_on`, `in_use`, `grace`
+/// (no users; the pod stays until `idle_until` unless one returns) or `idle` (no users,
+/// no pod) — and, in the grace, `idle_since` and `idle_until` (RFC 3339, else null).
+pub fn tool_demand(t: &Tool) -> Value {
+    let status = t.status.as_ref();
+    let users = status.and_then(|s| s.users).unwrap_or(0);
+    let since = status.and_then(|s| s.idle_since.as_ref()).map(|s| s.0);
+    let state = if t.spec.disabled {
+        "disabled"
+    } else if t.spec.always_on {
+        "always_on"
+    } else if users > 0 {
+        "in_use"
+    } else if since.is_some() {
+        "grace"
+    } else {
+        "idle"
+    };
+    let (since, until) = match since.filter(|_| state == "grace") {
+        Some(s) => {
+            let grace = k8s_openapi::jiff::SignedDuration::from_secs(t.spec.idle_seconds);
+            let until = s.checked_add(grace).unwrap_or(s);
+            (json!(time_text(s)), json!(time_text(until)))
+        }
+        None => (Value::Null, Value::Null),
+    };
+    json!({"users": users, "state": state, "idle_since": since, "idle_until": until})
+}
+
+/// A time as the API server writes one: RFC 3339 to the second, UTC.
+fn time_text(t: k8s_openapi::jiff::Timestamp) -> String {
+    serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t))
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 pub fn runtime(r: &Runtime) -> Value {
@@ -346,6 +386,42 @@ mod tests {
                 frame::encode(&Frame::Snapshot(Snapshot { seq: 7, resources }))
             );
         }
+    }
+
+    #[test]
+    fn a_tool_says_why_its_pod_runs_or_not() {
+        let tool = |spec: &str, status: &str| -> Tool {
+            serde_saphyr::from_str(&format!(
+                "{{apiVersion: autonomic.sh/v1alpha1, kind: Tool, metadata: {{name: t, namespace: n}}, spec: {{image: i, idleSeconds: 60{spec}}}, status: {{phase: Pending{status}}}}}"
+            ))
+            .unwrap()
+        };
+        let d = |spec: &str, status: &str| tool_demand(&tool(spec, status));
+        assert_eq!(
+            d("", ""),
+            json!({"users": 0, "state": "idle", "idle_since": null, "idle_until": null})
+        );
+        assert_eq!(d("", ", users: 2")["state"], "in_use");
+        assert_eq!(d("", ", users: 2")["users"], 2);
+        assert_eq!(
+            d("", ", users: 0, idleSince: '2026-12-03T07:00:00Z'"),
+            json!({"users": 0, "state": "grace", "idle_since": "2026-12-03T07:00:00Z",
+                "idle_until": "2026-12-03T07:01:00Z"})
+        );
+        assert_eq!(d(", alwaysOn: true", ", users: 0")["state"], "always_on");
+        assert_eq!(
+            d(", disabled: true, alwaysOn: true", ", users: 3")["state"],
+            "disabled"
+        );
+        // The status travels too, re-keyed like the rest of the frame.
+        let status = snake_case(
+            serde_json::to_value(tool("", ", users: 1, idleSince: '2026-12-03T07:00:00Z'").status)
+                .unwrap(),
+        );
+        assert_eq!(
+            (status["users"].clone(), status["idle_since"].clone()),
+            (json!(1), json!("2026-12-03T07:00:00Z"))
+        );
     }
 
     #[test]

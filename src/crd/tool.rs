@@ -1,11 +1,13 @@
 use k8s_openapi::api::core::v1::EnvVar;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// A tool agents can call: a pod `<tool>-tool` behind a Service `<tool>`.
-#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+/// A tool agents can call: an on-demand pod `<tool>-tool` behind a Service `<tool>`. The
+/// pod runs while an Agent of the namespace that lists the Tool wants to run, and is
+/// removed `idleSeconds` after the last one stops; the Service stays throughout.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "autonomic.sh",
     version = "v1alpha1",
@@ -15,6 +17,7 @@ use serde::{Deserialize, Serialize};
     shortname = "tl",
     category = "autonomic",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Users","type":"integer","jsonPath":".status.users"}"#,
     printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint"}"#,
     printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -40,13 +43,45 @@ pub struct ToolSpec {
     #[serde(default = "default_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: i32,
-    /// Remove the tool's pod (the Service stays) until this is false again.
+    /// Remove the tool's pod (the Service stays) until this is false again, whatever
+    /// the demand.
     #[serde(default)]
     pub disabled: bool,
+    /// Keep the pod running even while no Agent uses the tool.
+    #[serde(default)]
+    pub always_on: bool,
+    /// Seconds the pod stays after the last Agent using the tool stops wanting to run; a
+    /// user that returns within them keeps the same pod. 0 removes it at once.
+    #[serde(default = "default_idle_seconds")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub idle_seconds: i64,
 }
 
 fn default_port() -> i32 {
     8080
+}
+
+/// The defaults the schema applies, so a `ToolSpec` built in code means what the same
+/// object read from YAML does.
+impl Default for ToolSpec {
+    fn default() -> Self {
+        ToolSpec {
+            image: String::new(),
+            command: None,
+            args: None,
+            env: None,
+            port: default_port(),
+            disabled: false,
+            always_on: false,
+            idle_seconds: DEFAULT_IDLE_SECONDS,
+        }
+    }
+}
+
+pub const DEFAULT_IDLE_SECONDS: i64 = 300;
+
+fn default_idle_seconds() -> i64 {
+    DEFAULT_IDLE_SECONDS
 }
 
 /// Lifecycle phase of a Tool.
@@ -71,4 +106,11 @@ pub struct ToolStatus {
     pub pod_name: Option<String>,
     /// `http://<tool>.<namespace>.svc:<port>`.
     pub endpoint: Option<String>,
+    /// Agents of the namespace that list this Tool and want to run (not paused, not
+    /// finished, not being deleted).
+    pub users: Option<i64>,
+    /// When the last user stopped while the pod ran: the pod is removed `idleSeconds`
+    /// after this unless a user returns. Set once per idle period; absent while the tool
+    /// is in use, has no pod, is `alwaysOn` or `disabled`.
+    pub idle_since: Option<Time>,
 }

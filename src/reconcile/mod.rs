@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod common;
+pub mod demand;
 pub mod memory;
 pub mod queue;
 pub mod runtime;
@@ -111,6 +112,8 @@ pub struct Context {
     pub synced: Arc<SyncGate>,
     /// The control-plane connection's shared state (idle when unmanaged).
     pub link: Arc<crate::connect::Link>,
+    /// What each Agent demanded last: which Tools an Agent change concerns.
+    pub demand: demand::Index,
     recorder: Recorder,
 }
 
@@ -176,7 +179,15 @@ impl Context {
             metrics,
             synced: Default::default(),
             link: Default::default(),
+            demand: Default::default(),
         })
+    }
+
+    /// The wall clock every reconcile reads: the one source of "now" for decisions that
+    /// are persisted (a Tool's `status.idleSince`). The pure decisions take it as an
+    /// argument, so their tests set it.
+    pub fn now(&self) -> k8s_openapi::jiff::Timestamp {
+        k8s_openapi::jiff::Timestamp::now()
     }
 
     fn api<T>(&self, ns: &str) -> Api<T>
@@ -392,19 +403,30 @@ impl Context {
     }
 
     /// Maps a change of any watched object to the custom resources to reconcile.
-    fn on_agent(&self, a: &Agent) {
+    fn on_agent(&self, a: &Agent, removed: bool) {
         self.queue.add(Self::key_of(Kind::Agent, a));
+        let ns = a.namespace().unwrap_or_default();
         // Runtime agent counts; there are few Runtimes per namespace.
-        for rt in self
-            .runtimes
-            .in_namespace(&a.namespace().unwrap_or_default())
-        {
+        for rt in self.runtimes.in_namespace(&ns) {
             self.queue.add(Self::key_of(Kind::Runtime, &*rt));
+        }
+        // The Tools whose demand this change moved: listed before or now, not both.
+        let now = if removed {
+            Vec::new()
+        } else {
+            demand::demanded(a)
+        };
+        for tool in self.demand.update(&ns, &a.name_any(), now) {
+            self.queue.add(Key::new(Kind::Tool, ns.clone(), tool));
         }
     }
 
-    fn on_tool(&self, t: &Tool) {
+    fn on_tool(&self, t: &Tool, removed: bool) {
         self.queue.add(Self::key_of(Kind::Tool, t));
+        // Agents read a Tool's existence and spec (its endpoint), never its status.
+        if !self.demand.tool_changed(t, removed) {
+            return;
+        }
         let name = t.name_any();
         self.queue_agents(&t.namespace().unwrap_or_default(), |a| {
             a.spec.tools.contains(&name)
@@ -476,7 +498,7 @@ pub fn spawn_watches(
     };
     for scope in scopes {
         macro_rules! watch {
-            ($ty:ty, $cache:ident, $selector:expr, |$c:ident, $o:ident| $on:expr) => {{
+            ($ty:ty, $cache:ident, $selector:expr, |$c:ident, $o:ident, $r:ident| $on:expr) => {{
                 let api: Api<$ty> = match &scope {
                     Some(ns) => Api::namespaced(ctx.client.clone(), ns),
                     None => Api::all(ctx.client.clone()),
@@ -496,29 +518,37 @@ pub fn spawn_watches(
                     ctx.$cache.clone(),
                     ctx.synced.clone(),
                     move |change| {
-                        let ($o, removed) = match &change {
+                        let ($o, $r) = match &change {
                             Change::Upsert(o) => (&***o, false),
                             Change::Remove(o) => (&***o, true),
                         };
                         let $c = &ctx2;
                         $on;
-                        if let Some(changed) = $o.changed(removed) {
+                        if let Some(changed) = $o.changed($r) {
                             notify(changed);
                         }
                     },
                 ));
             }};
         }
-        watch!(Agent, agents, None::<&str>, |c, o| c.on_agent(o));
-        watch!(Tool, tools, None::<&str>, |c, o| c.on_tool(o));
-        watch!(Runtime, runtimes, None::<&str>, |c, o| c.on_runtime(o));
-        watch!(Memory, memories, None::<&str>, |c, o| c.on_memory(o));
-        watch!(PodView, pods, Some(common::MANAGED_SELECTOR), |c, o| c
+        watch!(Agent, agents, None::<&str>, |c, o, r| c.on_agent(o, r));
+        watch!(Tool, tools, None::<&str>, |c, o, r| c.on_tool(o, r));
+        watch!(Runtime, runtimes, None::<&str>, |c, o, _r| c.on_runtime(o));
+        watch!(Memory, memories, None::<&str>, |c, o, _r| c.on_memory(o));
+        watch!(PodView, pods, Some(common::MANAGED_SELECTOR), |c, o, _r| c
             .on_child(o));
-        watch!(Service, services, Some(common::MANAGED_SELECTOR), |c, o| c
-            .on_child(o));
-        watch!(Secret, secrets, Some(common::MANAGED_SELECTOR), |c, o| c
-            .on_child(o));
+        watch!(
+            Service,
+            services,
+            Some(common::MANAGED_SELECTOR),
+            |c, o, _r| c.on_child(o)
+        );
+        watch!(
+            Secret,
+            secrets,
+            Some(common::MANAGED_SELECTOR),
+            |c, o, _r| c.on_child(o)
+        );
     }
 }
 

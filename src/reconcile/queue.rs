@@ -2,12 +2,16 @@
 //!
 //! A key is never handed to two workers at once; a key that changes while it is being
 //! reconciled is run again right after. Failures retry with capped exponential backoff.
+//! A key has at most one pending wake-up (`add_after`): the earliest asked for wins, so a
+//! Tool in its idle grace that is reconciled many times still holds one timer.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
 
 use crate::crd::Kind;
 
@@ -43,6 +47,9 @@ struct Inner {
     /// Changed while active: run again once done.
     dirty: HashSet<Key>,
     failures: HashMap<Key, u32>,
+    /// The one pending wake-up of a key: when, and the timer task to cancel if an earlier
+    /// one replaces it.
+    wakeups: HashMap<Key, (Instant, AbortHandle)>,
 }
 
 #[derive(Default)]
@@ -71,13 +78,51 @@ impl Queue {
         }
     }
 
-    /// Schedules `key` after `delay` (on tokio's clock).
-    pub fn add_after(self: &std::sync::Arc<Self>, key: Key, delay: Duration) {
-        let queue = self.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            queue.add(key);
+    /// Schedules `key` after `delay` (on tokio's clock). A key has at most one pending
+    /// wake-up: a later one than the pending is dropped, an earlier one replaces it (its
+    /// timer is cancelled). Whoever runs at the earlier time asks again if it needs to.
+    pub fn add_after(self: &Arc<Self>, key: Key, delay: Duration) {
+        let at = Instant::now() + delay;
+        let mut inner = self.lock();
+        if inner
+            .wakeups
+            .get(&key)
+            .is_some_and(|(pending, _)| *pending <= at)
+        {
+            return;
+        }
+        let queue = Arc::downgrade(self);
+        let timer = tokio::spawn({
+            let key = key.clone();
+            async move {
+                tokio::time::sleep_until(at).await;
+                if let Some(queue) = queue.upgrade() {
+                    queue.wake(key, at);
+                }
+            }
         });
+        if let Some((_, old)) = inner.wakeups.insert(key, (at, timer.abort_handle())) {
+            old.abort();
+        }
+    }
+
+    /// A timer fired: queue the key if this is still its pending wake-up.
+    fn wake(&self, key: Key, at: Instant) {
+        let mut inner = self.lock();
+        if inner
+            .wakeups
+            .get(&key)
+            .is_some_and(|(pending, _)| *pending == at)
+        {
+            inner.wakeups.remove(&key);
+            drop(inner);
+            self.add(key);
+        }
+    }
+
+    /// Keys with a pending wake-up.
+    pub fn pending_wakeups(&self) -> usize {
+        self.lock().wakeups.len()
     }
 
     /// Waits for the next key and marks it active.
@@ -139,7 +184,6 @@ pub fn retry_delay(failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     fn key(n: &str) -> Key {
         Key::new(Kind::Agent, "ns", n)
@@ -202,6 +246,62 @@ mod tests {
         assert_eq!(q.depth(), 0);
         tokio::time::advance(Duration::from_secs(31)).await;
         tokio::task::yield_now().await;
+        assert_eq!(q.next().await, key("a"));
+    }
+
+    /// Lets timer tasks that are due run, on the paused clock.
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_wakeup_per_key_and_the_earliest_wins() {
+        let q = Arc::new(Queue::default());
+        let alive = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
+        // Later wake-ups than the pending one are dropped; earlier ones replace it.
+        for secs in [30, 40, 10, 20, 10, 60] {
+            q.add_after(key("a"), Duration::from_secs(secs));
+        }
+        q.add_after(key("b"), Duration::from_secs(15));
+        settle().await;
+        assert_eq!(q.pending_wakeups(), 2);
+        assert_eq!(
+            alive(),
+            2,
+            "one timer task per key, replaced ones cancelled"
+        );
+        assert_eq!(q.depth(), 0);
+
+        tokio::time::advance(Duration::from_secs(9)).await;
+        settle().await;
+        assert_eq!(q.depth(), 0, "not before the earliest wake-up");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        settle().await;
+        assert_eq!(q.depth(), 1);
+        assert_eq!(q.next().await, key("a"));
+        assert_eq!(q.done(&key("a"), true), None);
+        assert_eq!(q.pending_wakeups(), 1, "a's wake-up is spent; b's waits");
+
+        tokio::time::advance(Duration::from_secs(5)).await;
+        settle().await;
+        assert_eq!(q.next().await, key("b"));
+        q.done(&key("b"), true);
+
+        // The dropped and replaced wake-ups (20, 30, 40, 60 s) never fire.
+        tokio::time::advance(Duration::from_secs(120)).await;
+        settle().await;
+        assert_eq!((q.depth(), q.pending_wakeups(), alive()), (0, 0, 0));
+
+        // After a wake-up fired, a new one can be set again.
+        q.add_after(key("a"), Duration::from_secs(5));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        settle().await;
         assert_eq!(q.next().await, key("a"));
     }
 

@@ -1,4 +1,8 @@
-//! Tool → pod `<tool>-tool` and Service `<tool>`.
+//! Tool → on-demand pod `<tool>-tool` and Service `<tool>`.
+//!
+//! `plan` is pure: from the Tool, its current pod, its demand (how many Agents want it,
+//! when the last one left) and the time, it says what to do with the pod and which phase
+//! the Tool is in. `reconcile` does the I/O around it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,13 +12,19 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerPort, Pod, PodSpec, Probe, Service, ServicePort, ServiceSpec,
     TCPSocketAction,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
 use super::common::{self, Health};
-use super::{Context, Outcome};
+use super::{Context, Outcome, demand};
 use crate::Error;
 use crate::crd::{Kind, Tool, ToolPhase, ToolStatus};
+use crate::pod::PodView;
+
+/// The message of a Tool without users and without a pod.
+pub const IDLE: &str = "idle: no Agent uses this tool";
 
 pub fn pod_name(tool: &str) -> String {
     format!("{tool}-tool")
@@ -118,7 +128,139 @@ pub fn desired_service(tool: &Tool) -> Service {
     }
 }
 
+/// A Tool's demand, as the caches say.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Demand {
+    /// Agents of the namespace that list the Tool and want to run.
+    pub users: u32,
+    /// When the last user left while the pod ran (`status.idleSince`), if recorded.
+    pub idle_since: Option<Timestamp>,
+}
+
+/// What to do with the pod.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PodAction {
+    Keep,
+    Create,
+    Delete,
+    /// Keep the pod and look again at this time: the end of the idle grace.
+    WaitUntil(Timestamp),
+}
+
+/// The decision for one pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub action: PodAction,
+    pub phase: ToolPhase,
+    pub message: String,
+    /// `status.idleSince` to record: set while the pod is kept only by the grace.
+    pub idle_since: Option<Timestamp>,
+}
+
+fn plan_of(action: PodAction, phase: ToolPhase, message: impl Into<String>) -> Plan {
+    Plan {
+        action,
+        phase,
+        message: message.into(),
+        idle_since: None,
+    }
+}
+
+/// `t` rounded up to a whole second: `status.idleSince` is a `metav1.Time`, stored to the
+/// second, and rounding down would shorten the grace.
+pub fn ceil_second(t: Timestamp) -> Timestamp {
+    let whole = Timestamp::from_second(t.as_second()).unwrap_or(t);
+    if whole < t {
+        whole.checked_add(SignedDuration::from_secs(1)).unwrap_or(t)
+    } else {
+        whole
+    }
+}
+
+/// Decides the pod action and the phase. `current` is the Tool's own pod `<tool>-tool`
+/// (owned by it), if any; `now` is the wall clock.
+///
+/// The pod is wanted while the Tool is not disabled and has users or is `alwaysOn`.
+/// Unwanted, a running pod is kept `idleSeconds` after the last user left (from
+/// `demand.idle_since`, or from now when none is recorded), then deleted; a Tool with
+/// neither users nor pod is `Pending` with the message [`IDLE`].
+pub fn plan(tool: &Tool, current: Option<&PodView>, demand: Demand, now: Timestamp) -> Plan {
+    use PodAction::*;
+    use ToolPhase::*;
+    if tool.metadata.deletion_timestamp.is_some() {
+        return plan_of(Keep, Pending, "deletion requested");
+    }
+    if let Err(why) = validate(tool) {
+        return plan_of(Keep, Error, why);
+    }
+    let live = current.filter(|p| p.metadata.deletion_timestamp.is_none());
+    if tool.spec.disabled {
+        return plan_of(
+            if live.is_some() { Delete } else { Keep },
+            Disabled,
+            "disabled",
+        );
+    }
+    let wanted = tool.spec.always_on || demand.users > 0;
+    if !wanted {
+        let Some(pod) = live else {
+            return plan_of(Keep, Pending, IDLE);
+        };
+        // The grace: from the recorded start, unless it lies ahead of this clock (another
+        // replica's clock ran ahead): then from now, so the pod never waits past a full
+        // grace from the first look.
+        let start = ceil_second(now);
+        let since = demand.idle_since.filter(|s| *s <= start).unwrap_or(start);
+        let grace = SignedDuration::from_secs(tool.spec.idle_seconds.clamp(0, 86_400));
+        let until = since.checked_add(grace).unwrap_or(since);
+        let stale = common::pod_spec_hash(&pod.metadata)
+            != common::pod_spec_hash(&desired_pod(tool).metadata);
+        let (phase, state) = match common::pod_health(pod) {
+            Health::Ready => (Ready, format!("serving at {}", endpoint(tool))),
+            Health::Pending(m) => (Pending, m),
+            Health::Error(m) => (Error, m),
+            // Ended: not replaced for no one.
+            Health::Succeeded | Health::Failed(_) => return plan_of(Delete, Pending, IDLE),
+        };
+        // Past the grace, or built from an old spec (not rebuilt for no one).
+        if now >= until || stale {
+            return plan_of(Delete, Pending, IDLE);
+        }
+        return Plan {
+            action: WaitUntil(until),
+            phase,
+            message: format!("{IDLE}: pod removed at {until} unless one returns ({state})"),
+            idle_since: Some(since),
+        };
+    }
+    let Some(pod) = current else {
+        return plan_of(Create, Pending, "creating pod");
+    };
+    if live.is_none() {
+        return plan_of(Keep, Pending, "waiting for the previous pod to terminate");
+    }
+    if common::pod_spec_hash(&pod.metadata) != common::pod_spec_hash(&desired_pod(tool).metadata) {
+        return plan_of(Delete, Pending, "spec changed: recreating pod");
+    }
+    match common::pod_health(pod) {
+        Health::Ready => plan_of(Keep, Ready, format!("serving at {}", endpoint(tool))),
+        Health::Pending(m) => plan_of(Keep, Pending, m),
+        Health::Error(m) => plan_of(Keep, Error, m),
+        // A tool is a server: if it ends, it is replaced.
+        Health::Succeeded | Health::Failed(_) => {
+            plan_of(Delete, Pending, "pod ended: replacing it")
+        }
+    }
+}
+
 pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error> {
+    // Demand comes from the Agent cache: before every watch has listed, "no users" would
+    // be a guess, and a guess could remove a pod in use.
+    if !ctx.synced.is_synced() {
+        return Ok(Outcome {
+            requeue: Some(Duration::from_secs(1)),
+        });
+    }
     let ns = tool.namespace().unwrap_or_default();
     let name = tool.name_any();
     let uid = tool.uid();
@@ -126,83 +268,84 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
         .pods
         .get(&ns, &pod_name(&name))
         .filter(|p| common::is_owned_by(&p.metadata, uid.as_deref()));
-    let mut requeue = None;
-    let (phase, message) = if tool.metadata.deletion_timestamp.is_some() {
-        (ToolPhase::Pending, "deletion requested".to_owned())
-    } else if let Err(why) = validate(&tool) {
-        (ToolPhase::Error, why)
-    } else if let Err(why) = ctx
-        .apply(
-            &ns,
-            &desired_service(&tool),
-            ctx.services.get(&ns, &tool.name_any()).as_deref(),
-        )
-        .await?
-    {
-        (ToolPhase::Error, why)
-    } else {
-        let desired = desired_pod(&tool);
-        match current.as_deref() {
-            Some(pod) if tool.spec.disabled => {
-                if pod.metadata.deletion_timestamp.is_none() {
-                    ctx.delete_pod(pod).await?;
-                }
-                (ToolPhase::Disabled, "disabled".to_owned())
-            }
-            None if tool.spec.disabled => (ToolPhase::Disabled, "disabled".to_owned()),
-            None => match ctx.create_pod(&desired).await? {
-                Ok(()) => (ToolPhase::Pending, "creating pod".to_owned()),
-                Err(e) => {
-                    requeue = Some(Duration::from_secs(60));
-                    (ToolPhase::Error, e)
-                }
-            },
-            Some(pod) if pod.metadata.deletion_timestamp.is_some() => (
-                ToolPhase::Pending,
-                "waiting for the previous pod to terminate".to_owned(),
-            ),
-            Some(pod)
-                if common::pod_spec_hash(&pod.metadata)
-                    != common::pod_spec_hash(&desired.metadata) =>
-            {
-                ctx.delete_pod(pod).await?;
-                (
-                    ToolPhase::Pending,
-                    "spec changed: recreating pod".to_owned(),
-                )
-            }
-            Some(pod) => match common::pod_health(pod) {
-                Health::Ready => (ToolPhase::Ready, format!("serving at {}", endpoint(&tool))),
-                Health::Pending(m) => (ToolPhase::Pending, m),
-                Health::Error(m) => (ToolPhase::Error, m),
-                // A tool is a server: if it ends, it is replaced.
-                Health::Succeeded | Health::Failed(_) => {
-                    ctx.delete_pod(pod).await?;
-                    (ToolPhase::Pending, "pod ended: replacing it".to_owned())
-                }
-            },
-        }
+    let recorded = tool
+        .status
+        .as_ref()
+        .and_then(|s| s.idle_since.as_ref())
+        .map(|t| t.0);
+    let demand = Demand {
+        users: demand::users(&ctx.agents.in_namespace(&ns), &name),
+        // Our own last write wins over a cache that may not hold it yet.
+        idle_since: ctx.demand.idle_since(&tool).unwrap_or(recorded),
     };
+    let now = ctx.now();
+    let mut plan = plan(&tool, current.as_deref(), demand, now);
+    let mut requeue = None;
+    // The Service exists whether or not the pod runs.
+    if tool.metadata.deletion_timestamp.is_none()
+        && validate(&tool).is_ok()
+        && let Err(why) = ctx
+            .apply(
+                &ns,
+                &desired_service(&tool),
+                ctx.services.get(&ns, &name).as_deref(),
+            )
+            .await?
+    {
+        // Leave the pod alone and the grace as it was; say why.
+        plan = Plan {
+            idle_since: demand.idle_since,
+            ..plan_of(PodAction::Keep, ToolPhase::Error, why)
+        };
+    }
+    match plan.action {
+        PodAction::Create => {
+            if let Err(e) = ctx.create_pod(&desired_pod(&tool)).await? {
+                // The API server refused the pod itself; retry slowly (a quota may free up).
+                plan = plan_of(PodAction::Keep, ToolPhase::Error, e);
+                requeue = Some(Duration::from_secs(60));
+            }
+        }
+        PodAction::Delete => {
+            if let Some(pod) = &current {
+                ctx.delete_pod(pod).await?;
+            }
+        }
+        PodAction::WaitUntil(at) => {
+            let left = Duration::try_from(at.duration_since(now)).unwrap_or_default();
+            // A little past the end, so the pass that wakes finds the grace over.
+            requeue = Some(left + Duration::from_millis(50));
+        }
+        PodAction::Keep => {}
+    }
+
+    let phase = plan.phase;
     let old = tool.status.clone().unwrap_or_default();
     let valid = phase != ToolPhase::Error || current.is_some();
+    let keeps_pod = phase != ToolPhase::Disabled
+        && plan.action != PodAction::Delete
+        && current
+            .as_ref()
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_none());
     let status = ToolStatus {
         observed_generation: tool.metadata.generation,
         phase: Some(phase),
-        message: Some(message.clone()),
+        message: Some(plan.message.clone()),
         conditions: common::ready_condition(
             &old.conditions,
             phase == ToolPhase::Ready,
             &format!("{phase:?}"),
-            &message,
+            &plan.message,
             tool.metadata.generation,
         ),
-        pod_name: current
-            .filter(|_| phase != ToolPhase::Disabled)
-            .map(|_| pod_name(&name)),
+        pod_name: keeps_pod.then(|| pod_name(&name)),
         endpoint: valid.then(|| endpoint(&tool)),
+        users: Some(i64::from(demand.users)),
+        idle_since: plan.idle_since.map(Time),
     };
     ctx.write_status(&*tool, tool.status.as_ref(), &status)
         .await?;
+    ctx.demand.wrote_idle_since(&tool, plan.idle_since);
     Ok(Outcome { requeue })
 }
 
@@ -234,6 +377,123 @@ mod tests {
         for (k, v) in spec.selector.unwrap() {
             assert_eq!(pod_labels.get(&k), Some(&v));
         }
+    }
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    /// The Tool's own pod as the cache would hold it once it reports `status_yaml`.
+    fn pod(t: &Tool, status_yaml: &str) -> PodView {
+        let mut p: PodView =
+            serde_saphyr::from_str(&format!("{{metadata: {{name: x}}, status: {status_yaml}}}"))
+                .unwrap();
+        p.metadata = desired_pod(t).metadata;
+        p
+    }
+
+    const READY: &str = "{phase: Running, containerStatuses: [{name: tool, ready: true}]}";
+    const CRASH: &str = "{phase: Running, containerStatuses: [{name: tool, ready: false, state: {waiting: {reason: CrashLoopBackOff}}}]}";
+
+    /// (what, tool, pod, users, recorded idle start, now, action, phase, message part,
+    /// idle start recorded).
+    type Case<'a> = (
+        &'a str,
+        &'a Tool,
+        Option<&'a PodView>,
+        u32,
+        Option<i64>,
+        Timestamp,
+        PodAction,
+        ToolPhase,
+        &'a str,
+        Option<i64>,
+    );
+
+    /// The decision table: (what, tool, pod, users, recorded idle start, now) → (action,
+    /// phase, message part, idle start recorded). Times are seconds from an origin.
+    #[test]
+    fn the_demand_decides_the_pod() {
+        use PodAction::*;
+        use ToolPhase::*;
+        let base = tool("search", 8080);
+        let with = |f: &dyn Fn(&mut Tool)| {
+            let mut t = base.clone();
+            f(&mut t);
+            t
+        };
+        let always = with(&|t| t.spec.always_on = true);
+        let disabled = with(&|t| t.spec.disabled = true);
+        let no_grace = with(&|t| t.spec.idle_seconds = 0);
+        let invalid = with(&|t| t.spec.port = 0);
+        let deleting = with(&|t| t.metadata.deletion_timestamp = Some(Time(at(0))));
+        let ready = pod(&base, READY);
+        let crash = pod(&base, CRASH);
+        let failed = pod(&base, "{phase: Failed}");
+        let mut going = ready.clone();
+        going.metadata.deletion_timestamp = Some(Time(at(0)));
+        let stale = pod(&with(&|t| t.spec.image = "srv:0".into()), READY);
+        let serving = "serving at http://search.team-a.svc:8080";
+        #[rustfmt::skip]
+        let cases: Vec<Case> = vec![
+            ("no users, no pod: idle", &base, None, 0, None, at(0), Keep, Pending, IDLE, None),
+            ("a user: create", &base, None, 1, None, at(0), Create, Pending, "creating pod", None),
+            ("in use and ready", &base, Some(&ready), 2, None, at(0), Keep, Ready, serving, None),
+            ("a user returns within the grace: same pod, grace over", &base, Some(&ready), 1, Some(0), at(10), Keep, Ready, serving, None),
+            ("the last user left: the grace starts now", &base, Some(&ready), 0, None, at(0), WaitUntil(at(300)), Ready, "pod removed at", Some(0)),
+            ("mid-second: the start rounds up, never shortening the grace", &base, Some(&ready), 0, None, at(0) + SignedDuration::from_millis(400), WaitUntil(at(301)), Ready, IDLE, Some(1)),
+            ("within the grace: the recorded start holds (a restart decides the same)", &base, Some(&ready), 0, Some(0), at(299), WaitUntil(at(300)), Ready, IDLE, Some(0)),
+            ("the grace is over: delete", &base, Some(&ready), 0, Some(0), at(300), Delete, Pending, IDLE, None),
+            ("a start ahead of this clock: from now instead", &base, Some(&ready), 0, Some(5000), at(0), WaitUntil(at(300)), Ready, IDLE, Some(0)),
+            ("idleSeconds 0: at once", &no_grace, Some(&ready), 0, None, at(0), Delete, Pending, IDLE, None),
+            ("a crashing pod in its grace is still kept", &base, Some(&crash), 0, Some(0), at(1), WaitUntil(at(300)), Error, "CrashLoopBackOff", Some(0)),
+            ("an ended pod in its grace is not replaced", &base, Some(&failed), 0, Some(0), at(1), Delete, Pending, IDLE, None),
+            ("an old spec in its grace is not rebuilt", &base, Some(&stale), 0, Some(0), at(1), Delete, Pending, IDLE, None),
+            ("removed pod still terminating, no users", &base, Some(&going), 0, None, at(0), Keep, Pending, IDLE, None),
+            ("previous pod terminating, a user", &base, Some(&going), 1, None, at(0), Keep, Pending, "waiting for the previous pod", None),
+            ("in use, the pod ended: replace", &base, Some(&failed), 1, None, at(0), Delete, Pending, "pod ended", None),
+            ("in use, spec changed: recreate", &base, Some(&stale), 1, None, at(0), Delete, Pending, "spec changed", None),
+            ("alwaysOn without users: create", &always, None, 0, None, at(0), Create, Pending, "creating pod", None),
+            ("alwaysOn: no grace runs", &always, Some(&ready), 0, Some(0), at(999), Keep, Ready, serving, None),
+            ("disabled wins over users", &disabled, Some(&ready), 3, None, at(0), Delete, Disabled, "disabled", None),
+            ("disabled, no pod", &disabled, None, 3, Some(0), at(0), Keep, Disabled, "disabled", None),
+            ("invalid spec", &invalid, None, 1, None, at(0), Keep, Error, "port", None),
+            ("deletion requested", &deleting, Some(&ready), 1, None, at(0), Keep, Pending, "deletion requested", None),
+        ];
+        for (what, t, current, users, since, now, action, phase, part, recorded) in cases {
+            let demand = Demand {
+                users,
+                idle_since: since.map(at),
+            };
+            let p = plan(t, current, demand, now);
+            assert_eq!(
+                (p.action, p.phase, p.idle_since),
+                (action, phase, recorded.map(at)),
+                "{what}: {p:?}"
+            );
+            assert!(p.message.contains(part), "{what}: {:?}", p.message);
+        }
+        // The message of a Tool without users or pod is exactly the spec's.
+        let idle = plan(
+            &base,
+            None,
+            Demand {
+                users: 0,
+                idle_since: None,
+            },
+            at(0),
+        );
+        assert_eq!(idle.message, IDLE);
+    }
+
+    #[test]
+    fn spec_defaults() {
+        let t = tool("x", 80);
+        assert_eq!((t.spec.always_on, t.spec.idle_seconds), (false, 300));
+        let d = crate::crd::ToolSpec::default();
+        assert_eq!((d.port, d.idle_seconds, d.always_on), (8080, 300, false));
+        assert_eq!(ceil_second(at(7)), at(7));
+        assert_eq!(ceil_second(at(7) + SignedDuration::from_nanos(1)), at(8));
     }
 
     #[test]
