@@ -109,6 +109,7 @@ impl<K: ResourceExt> Cache<K> {
 pub struct SyncGate {
     expected: AtomicUsize,
     synced: AtomicUsize,
+    changed: tokio::sync::Notify,
 }
 
 impl SyncGate {
@@ -117,10 +118,21 @@ impl SyncGate {
     }
     fn mark(&self) {
         self.synced.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
     }
     pub fn is_synced(&self) -> bool {
         let expected = self.expected.load(Ordering::SeqCst);
         expected > 0 && self.synced.load(Ordering::SeqCst) >= expected
+    }
+    /// Completes once every watch stream has finished its first list.
+    pub async fn wait(&self) {
+        loop {
+            let changed = self.changed.notified();
+            if self.is_synced() {
+                return;
+            }
+            changed.await;
+        }
     }
 }
 
@@ -201,5 +213,32 @@ async fn drive_counted<K>(
                 on_change(Change::Remove(&gone));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod gate_tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_gate_opens_when_every_expected_stream_has_listed() {
+        let gate = Arc::new(SyncGate::default());
+        gate.expect();
+        gate.expect();
+        let waiter = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.wait().await }
+        });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        gate.mark();
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(!waiter.is_finished(), "open after one of two lists");
+        gate.mark();
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiter)
+            .await
+            .expect("open after both lists")
+            .unwrap();
+        // Once open, it stays open.
+        gate.wait().await;
     }
 }

@@ -550,3 +550,148 @@ async fn deletion_requested_shows_terminating() {
     .await;
     wait_gone(&agents, "leaving").await;
 }
+
+/// Restarts change nothing that was steady: a fresh manager on a namespace whose Agent
+/// (using a Runtime, a Tool and a Memory) is Active writes no status, recreates no pod
+/// and emits no Event, three times in a row. Its workers wait for every watch's first
+/// list, so no reference looks missing on half-filled caches.
+#[tokio::test]
+async fn restarts_change_nothing_that_was_steady() {
+    use autonomic_manager::crd::{Memory, Tool, ToolPhase};
+    use k8s_openapi::api::events::v1::Event;
+    require_node();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ag-steady").await;
+    let m = Manager::start(&ns.name, &[]);
+    create(
+        &ns.api::<Runtime>(),
+        &yaml(&format!(
+            "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {{name: rt}}\nspec: {{image: '{BUSYBOX_IMAGE}', command: {IDLE}}}"
+        )),
+    )
+    .await;
+    create(
+        &ns.api::<Tool>(),
+        &yaml(&format!(
+            "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {{name: search}}\nspec: {{image: '{BUSYBOX_IMAGE}', command: [sh, -c, \"trap 'exit 0' TERM; while :; do nc -l -p 8080 -e echo ok & wait $!; done\"], port: 8080}}"
+        )),
+    )
+    .await;
+    create(
+        &ns.api::<Memory>(),
+        &yaml("apiVersion: autonomic.sh/v1alpha1\nkind: Memory\nmetadata: {name: notes}\nspec: {backend: redis, url: 'redis://r:6379'}"),
+    )
+    .await;
+    let agents: Api<Agent> = ns.api();
+    create(
+        &agents,
+        &yaml(
+            "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: steady}\nspec: {runtime: {ref: rt}, tools: [search], memory: [notes]}",
+        ),
+    )
+    .await;
+    wait_for(&agents, "steady", "Active", |a| {
+        phase(a) == Some(AgentPhase::Active)
+    })
+    .await;
+    let tools: Api<Tool> = ns.api();
+    wait_for(&tools, "search", "Ready", |t| {
+        t.status.as_ref().and_then(|s| s.phase) == Some(ToolPhase::Ready)
+    })
+    .await;
+    drop(m);
+
+    // What "steady" is: every object's resourceVersion, and the Events so far.
+    let snapshot = || async {
+        let rv = |o: &kube::api::ObjectMeta| {
+            (o.name.clone().unwrap(), o.resource_version.clone().unwrap())
+        };
+        let mut all: Vec<(String, String)> = Vec::new();
+        all.extend(
+            agents
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .map(|o| rv(&o.metadata)),
+        );
+        all.extend(
+            tools
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .map(|o| rv(&o.metadata)),
+        );
+        all.extend(
+            ns.api::<Runtime>()
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .map(|o| rv(&o.metadata)),
+        );
+        all.extend(
+            ns.api::<Memory>()
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .map(|o| rv(&o.metadata)),
+        );
+        all.extend(
+            ns.api::<Pod>()
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .map(|o| rv(&o.metadata)),
+        );
+        // The manager's own Events (the kubelet's about its pods are not ours to judge).
+        let events: Vec<String> = ns
+            .api::<Event>()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reporting_controller.as_deref() == Some("autonomic-manager"))
+            .map(|e| {
+                format!(
+                    "{:?} {:?} {:?}",
+                    e.regarding.and_then(|r| r.name),
+                    e.reason,
+                    e.note
+                )
+            })
+            .collect();
+        (all, events)
+    };
+    // Let the last status writes and their Events land before taking the baseline.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = snapshot().await;
+    assert!(
+        !before.1.is_empty(),
+        "no Event of the manager's was found: the Event check would be empty"
+    );
+    for round in 1..=3 {
+        let m = Manager::start(&ns.name, &[]);
+        m.wait_ready().await;
+        // Every object was reconciled by this manager (the queue holds all of them
+        // after the first list), and then some time passed.
+        wait_until("the restarted manager to reconcile the Agent", || async {
+            m.metric("autonomic_reconciles_total{kind=\"Agent\"}").await >= 1.0
+                && m.metric("autonomic_reconciles_total{kind=\"Tool\"}").await >= 1.0
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let after = snapshot().await;
+        assert_eq!(after, before, "restart {round} changed something steady");
+        drop(m);
+    }
+}

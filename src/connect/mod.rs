@@ -201,11 +201,9 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
         return;
     };
     // The first snapshot must hold everything: wait for the watches' initial lists.
-    while !ctx.synced.is_synced() {
-        tokio::select! {
-            _ = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
-            _ = shutdown.changed() => return,
-        }
+    tokio::select! {
+        () = ctx.synced.wait() => {}
+        _ = shutdown.changed() => return,
     }
     let ids = Ids {
         boot_id: crate::boot_id().to_owned(),

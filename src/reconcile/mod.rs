@@ -553,10 +553,16 @@ pub fn spawn_watches(
 }
 
 /// Runs the workers and the periodic resync until the returned tasks are dropped.
+///
+/// Workers start only once every watch has listed: a reconcile that ran on half-filled
+/// caches would see a Runtime, Tool or Memory "not found" and flap a steady Agent to
+/// `Error` (and its Tools' demand to zero) at every restart and failover. What the
+/// watches saw meanwhile waits in the queue.
 pub fn spawn_workers(ctx: &Arc<Context>, tasks: &mut tokio::task::JoinSet<()>) {
     for _ in 0..WORKERS {
         let ctx = ctx.clone();
         tasks.spawn(async move {
+            ctx.synced.wait().await;
             loop {
                 let key = ctx.queue.next().await;
                 run_one(&ctx, key).await;

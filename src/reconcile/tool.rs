@@ -254,13 +254,8 @@ pub fn plan(tool: &Tool, current: Option<&PodView>, demand: Demand, now: Timesta
 }
 
 pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error> {
-    // Demand comes from the Agent cache: before every watch has listed, "no users" would
-    // be a guess, and a guess could remove a pod in use.
-    if !ctx.synced.is_synced() {
-        return Ok(Outcome {
-            requeue: Some(Duration::from_secs(1)),
-        });
-    }
+    // Demand comes from the Agent cache, complete here: workers start only once every
+    // watch has listed (spawn_workers), so "no users" is never a guess.
     let ns = tool.namespace().unwrap_or_default();
     let name = tool.name_any();
     let uid = tool.uid();
