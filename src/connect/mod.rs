@@ -269,32 +269,34 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
                                 link.set_state("not connected: shutting down");
                                 return;
                             }
-                            End::Closed(4000, reason) => {
-                                tracing::warn!(%reason, "evicted by a newer connection for this deployment: two installs probably share one token; waiting the eviction delay before dialling again");
-                                (
-                                    Retry::Evicted,
-                                    format!("evicted by a newer connection ({reason})"),
-                                )
-                            }
-                            End::Closed(4001, reason) => {
-                                tracing::warn!(%reason, token_prefix = %token.prefix(), "token rejected: revoked by the control plane");
-                                (
-                                    Retry::Rejected,
-                                    format!(
-                                        "token rejected: revoked by the control plane (token {}…)",
-                                        token.prefix()
-                                    ),
-                                )
-                            }
-                            End::Closed(code, reason) => {
-                                tracing::warn!(code, %reason, "the control plane closed the connection");
-                                (
-                                    Retry::for_close_code(code),
-                                    format!(
-                                        "not connected: closed by the control plane ({code} {reason})"
-                                    ),
-                                )
-                            }
+                            End::Closed(code, reason) => match Retry::for_close(code, &reason) {
+                                Retry::Evicted => {
+                                    tracing::warn!(code, %reason, "evicted by a newer connection for this deployment: two installs probably share one token; waiting the eviction delay before dialling again");
+                                    (
+                                        Retry::Evicted,
+                                        format!("evicted by a newer connection ({code} {reason})"),
+                                    )
+                                }
+                                Retry::Rejected => {
+                                    tracing::warn!(code, %reason, token_prefix = %token.prefix(), "token rejected: revoked by the control plane");
+                                    (
+                                        Retry::Rejected,
+                                        format!(
+                                            "token rejected: revoked by the control plane (token {}…)",
+                                            token.prefix()
+                                        ),
+                                    )
+                                }
+                                Retry::Normal => {
+                                    tracing::warn!(code, %reason, "the control plane closed the connection");
+                                    (
+                                        Retry::Normal,
+                                        format!(
+                                            "not connected: closed by the control plane ({code} {reason})"
+                                        ),
+                                    )
+                                }
+                            },
                             End::Dead => (
                                 Retry::Normal,
                                 "not connected: the connection went silent".to_owned(),
