@@ -10,7 +10,7 @@ use crate::connect::frame::{
     Frame, IoClose, IoOpen,
 };
 use crate::crd::{Agent, Kind, Tool};
-use crate::reconcile::{Context, common, tool};
+use crate::reconcile::{Context, agent, common, tool};
 
 /// Carries out `c`, logs and audits it (before anything is sent, so a failed send cannot
 /// lose the record), and returns the `control_result` to send.
@@ -77,6 +77,28 @@ pub fn deny_session(ctx: &Context, o: IoOpen, reason: &str) -> Frame {
     })
 }
 
+/// Why `restart` cannot do what it says for this Agent, if it cannot: a finished Agent
+/// (`Succeeded`/`Failed` under `restartPolicy` `OnFailure`/`Never`, for its current
+/// generation) gets no new pod when its pod is deleted (the reconciler's own rule,
+/// [`agent::finished`]), so deleting it would only lose its logs. Refused instead, with
+/// `ok: false`: the protocol's `control_result` has no other way to say "not done".
+pub fn restart_refusal(a: &Agent) -> Option<String> {
+    if !agent::finished(a) {
+        return None;
+    }
+    let phase = a
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .map_or_else(|| "finished".to_owned(), |p| format!("{p:?}"));
+    Some(format!(
+        "Agent {}/{} has finished ({phase}) with restartPolicy {}: it is not restarted until its spec changes",
+        a.metadata.namespace.as_deref().unwrap_or_default(),
+        a.metadata.name.as_deref().unwrap_or_default(),
+        a.spec.restart_policy.as_str(),
+    ))
+}
+
 /// Carries out `c`. `Ok` says what was done; `Err` why it was refused or failed.
 pub async fn execute(ctx: &Context, c: &Control) -> Result<String, String> {
     let t = &c.target;
@@ -114,6 +136,12 @@ pub async fn execute(ctx: &Context, c: &Control) -> Result<String, String> {
     let failed = |e: kube::Error| format!("{kind} {}/{}: {e}", t.namespace, t.name);
     match c.action {
         ControlAction::Restart => {
+            if kind == Kind::Agent
+                && let Some(a) = ctx.agents.get(&t.namespace, &t.name)
+                && let Some(refusal) = restart_refusal(&a)
+            {
+                return Err(refusal);
+            }
             let pod = ctx
                 .pods
                 .get(&t.namespace, &pod_name)
@@ -160,6 +188,65 @@ pub async fn execute(ctx: &Context, c: &Control) -> Result<String, String> {
             }
             .map_err(failed)?;
             Ok(format!("{kind} deleted"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{AgentPhase, AgentStatus, RestartPolicy};
+
+    fn agent(policy: RestartPolicy, phase: Option<AgentPhase>, observed: i64) -> Agent {
+        let mut a: Agent = serde_saphyr::from_str(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: triage, namespace: team-a}, spec: {runtime: {image: 'rt:1'}}}",
+        )
+        .unwrap();
+        a.metadata.generation = Some(2);
+        a.spec.restart_policy = policy;
+        a.status = Some(AgentStatus {
+            phase,
+            observed_generation: Some(observed),
+            ..Default::default()
+        });
+        a
+    }
+
+    #[test]
+    fn restart_of_a_finished_agent_is_refused_truthfully() {
+        use AgentPhase::*;
+        use RestartPolicy::*;
+        // (policy, phase, observed generation, refused): the reconciler's own rule, so the
+        // answer says exactly whether a new pod follows.
+        let cases = [
+            (Never, Some(Succeeded), 2, true),
+            (Never, Some(Failed), 2, true),
+            (OnFailure, Some(Succeeded), 2, true),
+            (OnFailure, Some(Failed), 2, true),
+            // A spec change since the agent finished: the next pass starts it again.
+            (Never, Some(Succeeded), 1, false),
+            (Never, Some(Active), 2, false),
+            (OnFailure, Some(Error), 2, false),
+            (Always, Some(Active), 2, false),
+            (Always, Some(Pending), 2, false),
+            (Never, None, 2, false),
+        ];
+        for (policy, phase, observed, refused) in cases {
+            let a = agent(policy, phase, observed);
+            let answer = restart_refusal(&a);
+            assert_eq!(answer.is_some(), refused, "{policy:?} {phase:?} {observed}");
+            if let Some(why) = answer {
+                let phase = format!("{:?}", phase.unwrap());
+                assert!(
+                    why.contains(&phase) && why.contains(policy.as_str()),
+                    "{why}"
+                );
+                assert!(
+                    why.contains("not restarted until its spec changes"),
+                    "{why}"
+                );
+                assert!(!why.contains("recreated"), "{why}");
+            }
         }
     }
 }
