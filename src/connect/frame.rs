@@ -18,8 +18,8 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// The control plane only sends small frames to the manager (`control`, `io_open`, …:
 /// a few hundred bytes), and a parsed JSON tree takes several times the memory of its
 /// text, so an unbounded message is the cheapest way for a peer to exhaust the pod's
-/// memory. 1 MiB leaves three orders of magnitude of headroom; the socket should cap
-/// its WebSocket message size at the same figure.
+/// memory. 1 MiB leaves three orders of magnitude of headroom; the socket caps its
+/// WebSocket messages at [`MAX_MESSAGE_BYTES`] (a binary frame's header above this).
 pub const MAX_FRAME_BYTES: usize = 1 << 20;
 
 /// Longest peer-derived text quoted back in a [`DecodeError`]: serde quotes offending
@@ -496,6 +496,15 @@ impl TryFrom<u8> for Stream {
 /// Bytes before the payload of a binary message: channel (u32 BE) and stream.
 pub const IO_HEADER_LEN: usize = 5;
 
+/// Largest payload of a binary message [`decode_io`] accepts. §6 sets no figure; the
+/// control plane writes only stdin, and a session holds at most 1 MiB of unread input
+/// (`shell::STDIN_LIMIT`), so a larger chunk could only close its session.
+pub const MAX_IO_PAYLOAD: usize = MAX_FRAME_BYTES;
+
+/// Largest WebSocket message the manager reads: the larger of a text frame
+/// ([`MAX_FRAME_BYTES`]) and a binary one (header + [`MAX_IO_PAYLOAD`]).
+pub const MAX_MESSAGE_BYTES: usize = IO_HEADER_LEN + MAX_IO_PAYLOAD;
+
 /// One binary message, borrowing its payload from the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IoChunk<'a> {
@@ -513,8 +522,11 @@ pub fn encode_io(channel: u32, stream: Stream, data: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Reads one binary message. An empty payload is valid.
+/// Reads one binary message. An empty payload is valid; one over [`MAX_IO_PAYLOAD`] is not.
 pub fn decode_io(bytes: &[u8]) -> Result<IoChunk<'_>, DecodeError> {
+    if bytes.len() > MAX_MESSAGE_BYTES {
+        return Err(DecodeError::TooLarge { len: bytes.len() });
+    }
     let Some((&[c0, c1, c2, c3, s], data)) = bytes.split_first_chunk::<IO_HEADER_LEN>() else {
         return Err(DecodeError::IoTooShort { len: bytes.len() });
     };
@@ -1031,6 +1043,15 @@ mod tests {
             assert_eq!(err, DecodeError::IoTooShort { len });
             assert!(err.to_string().contains("shorter than its 5-byte header"));
         }
+        let mut big = encode_io(1, Stream::Stdin, &vec![b'x'; MAX_IO_PAYLOAD]);
+        assert_eq!(decode_io(&big).unwrap().data.len(), MAX_IO_PAYLOAD);
+        big.push(b'x');
+        assert_eq!(
+            decode_io(&big),
+            Err(DecodeError::TooLarge {
+                len: MAX_MESSAGE_BYTES + 1
+            })
+        );
         for byte in [3, 4, 0x80, 0xff] {
             let err = decode_io(&[0, 0, 0, 1, byte, b'x']).unwrap_err();
             assert_eq!(err, DecodeError::IoStream(byte));

@@ -11,7 +11,9 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
 use crate::config::{BaseUrl, Config, Token};
-use crate::connect::frame::{MAX_FRAME_BYTES, SUBPROTOCOL};
+#[cfg(test)]
+use crate::connect::frame::{IO_HEADER_LEN, MAX_FRAME_BYTES, MAX_IO_PAYLOAD};
+use crate::connect::frame::{MAX_MESSAGE_BYTES, SUBPROTOCOL};
 
 pub type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -163,6 +165,18 @@ pub fn tls_config(config: &Config) -> Result<Arc<rustls::ClientConfig>, DialErro
     Ok(Arc::new(tls))
 }
 
+/// The WebSocket's limits on what it reads: no larger than the largest message the codec
+/// accepts ([`MAX_MESSAGE_BYTES`]: a binary shell frame at its payload cap; text frames
+/// stop at [`MAX_FRAME_BYTES`](crate::connect::frame::MAX_FRAME_BYTES), below it). A bigger message is refused by the socket as
+/// it arrives, before a buffer of the peer's choosing is allocated, and ends the
+/// connection (a peer sending one is broken or hostile). Writes are not limited: the
+/// snapshots the manager sends may be far larger.
+pub fn ws_config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(MAX_MESSAGE_BYTES))
+        .max_frame_size(Some(MAX_MESSAGE_BYTES))
+}
+
 /// Opens the WebSocket. `token` goes only into the `Authorization` header.
 pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
     let url = config.base_url.endpoint(true, "connect");
@@ -194,14 +208,10 @@ pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
             target: config.base_url.authority(),
             reason: "timed out".into(),
         })??;
-    // Twice the largest frame we accept: a snapshot may be big, a peer may not be huge.
-    let ws_config = WebSocketConfig::default()
-        .max_message_size(Some(MAX_FRAME_BYTES * 64))
-        .max_frame_size(Some(MAX_FRAME_BYTES * 64));
     let handshake = tokio_tungstenite::client_async_tls_with_config(
         request,
         stream,
-        Some(ws_config),
+        Some(ws_config()),
         Some(connector),
     );
     let Ok(result) = tokio::time::timeout(DIAL_TIMEOUT, handshake).await else {
@@ -258,6 +268,44 @@ mod tests {
         assert!(bypasses_proxy(Some("*"), "anything"));
         assert!(!bypasses_proxy(None, "anything"));
         assert!(!bypasses_proxy(Some(""), "anything"));
+    }
+
+    #[test]
+    fn reads_are_bounded_by_what_the_codec_accepts() {
+        let c = ws_config();
+        // The largest message the codec takes: a binary shell frame at its payload cap
+        // (a text frame is at most MAX_FRAME_BYTES, less than that).
+        assert_eq!(MAX_MESSAGE_BYTES, IO_HEADER_LEN + MAX_IO_PAYLOAD);
+        const { assert!(MAX_MESSAGE_BYTES >= MAX_FRAME_BYTES) };
+        assert_eq!(c.max_message_size, Some(MAX_MESSAGE_BYTES));
+        assert_eq!(c.max_frame_size, Some(MAX_MESSAGE_BYTES));
+    }
+
+    /// Through a real WebSocket over an in-memory pipe: one byte past the bound is refused
+    /// by the socket itself, before a buffer of the peer's choosing is allocated.
+    #[tokio::test]
+    async fn a_message_past_the_bound_is_refused_by_the_socket() {
+        use futures::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::Message;
+        use tokio_tungstenite::tungstenite::protocol::Role;
+        let (ours, theirs) = tokio::io::duplex(64 * 1024);
+        let mut ours =
+            WebSocketStream::from_raw_socket(ours, Role::Client, Some(ws_config())).await;
+        let mut theirs = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
+        let peer = tokio::spawn(async move {
+            for len in [MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES + 1] {
+                if theirs.send(Message::binary(vec![0u8; len])).await.is_err() {
+                    break;
+                }
+            }
+            theirs
+        });
+        let fits = ours.next().await.unwrap().unwrap();
+        assert_eq!(fits.len(), MAX_MESSAGE_BYTES);
+        let err = ours.next().await.unwrap().unwrap_err();
+        assert!(err.to_string().contains("too long"), "{err}");
+        drop(ours);
+        let _ = peer.await;
     }
 
     #[test]
