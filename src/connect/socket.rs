@@ -10,7 +10,7 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
-use crate::config::{BaseUrl, Config, Token};
+use crate::config::{BaseUrl, Config, ProxyUrl, Token, has_userinfo, redact_userinfo};
 #[cfg(test)]
 use crate::connect::frame::{IO_HEADER_LEN, MAX_FRAME_BYTES, MAX_IO_PAYLOAD};
 use crate::connect::frame::{MAX_MESSAGE_BYTES, SUBPROTOCOL};
@@ -32,6 +32,7 @@ pub enum DialError {
     Http(u16),
     #[error("cannot connect to {target}: {reason}")]
     Connect { target: String, reason: String },
+    /// `proxy` is the URL with its password redacted.
     #[error("proxy {proxy}: {reason}")]
     Proxy { proxy: String, reason: String },
     #[error("TLS: {0}")]
@@ -76,8 +77,16 @@ fn io_reason(e: &std::io::Error) -> String {
     }
 }
 
-/// Splits a proxy URL into `host:port`. Credentials in it are not supported (said so).
+/// Splits a proxy URL into `host:port`. Credentials in it are not supported (said so,
+/// without the password: see [`redact_userinfo`]).
 fn proxy_authority(proxy: &str) -> Result<String, String> {
+    if has_userinfo(proxy) {
+        return Err(format!(
+            "credentials in the proxy URL {} are not supported: the manager sends no Proxy-Authorization",
+            redact_userinfo(proxy)
+        ));
+    }
+    // No userinfo: the parser's errors may quote the URL.
     let url = BaseUrl::parse(proxy)?;
     if url.tls {
         return Err("only http:// proxies are supported".into());
@@ -89,7 +98,8 @@ pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
     let target = config.base_url.authority();
     let proxy = config
         .https_proxy
-        .as_deref()
+        .as_ref()
+        .map(ProxyUrl::expose)
         .filter(|_| !bypasses_proxy(config.no_proxy.as_deref(), &config.base_url.host));
     let Some(proxy) = proxy else {
         return TcpStream::connect(&target)
@@ -99,8 +109,10 @@ pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
                 reason: io_reason(&e),
             });
     };
+    // Errors name the proxy without its password: they are log lines and the Lease's
+    // `autonomic.sh/link` annotation.
     let proxy_err = |reason: String| DialError::Proxy {
-        proxy: proxy.to_owned(),
+        proxy: redact_userinfo(proxy),
         reason,
     };
     let authority = proxy_authority(proxy).map_err(proxy_err)?;
@@ -306,6 +318,43 @@ mod tests {
         assert!(err.to_string().contains("too long"), "{err}");
         drop(ours);
         let _ = peer.await;
+    }
+
+    /// Credentials in `HTTPS_PROXY` are not supported for dialling (refused before any
+    /// connection), and the refusal never shows the password: it is one log line, and
+    /// the Lease's `autonomic.sh/link` annotation carries it too.
+    #[tokio::test]
+    async fn proxy_errors_never_show_the_password() {
+        for proxy in [
+            "http://user:s3cr3t@127.0.0.1:9",
+            "user:s3cr3t@127.0.0.1:9",
+            "https://user:s3cr3t@127.0.0.1:9",
+            "http://user:s3cr3t@[::1",
+            "http://s3cr3t@127.0.0.1:9",
+            "ftp://user:s3cr3t@proxy",
+        ] {
+            let config = Config::parse(|k| match k {
+                "HTTPS_PROXY" => Some(proxy.into()),
+                "AUTONOMIC_BASE_URL" => Some("https://cp.example.com".into()),
+                _ => None,
+            })
+            .unwrap();
+            assert!(!format!("{config:?}").contains("s3cr3t"), "{proxy}");
+            let err = tcp(&config).await.expect_err(proxy);
+            let shown = err.to_string();
+            assert!(matches!(err, DialError::Proxy { .. }), "{proxy}: {shown}");
+            assert!(!shown.contains("s3cr3t"), "{proxy}: {shown}");
+            assert!(!format!("{err:?}").contains("s3cr3t"), "{proxy}: {err:?}");
+            assert!(shown.contains("***"), "{proxy}: {shown}");
+        }
+        // The refusal says why.
+        let config = Config::parse(|k| {
+            (k == "HTTPS_PROXY").then(|| "http://user:s3cr3t@127.0.0.1:9".into())
+        })
+        .unwrap();
+        let shown = tcp(&config).await.unwrap_err().to_string();
+        assert!(shown.contains("credentials"), "{shown}");
+        assert!(shown.contains("http://user:***@127.0.0.1:9"), "{shown}");
     }
 
     #[test]
