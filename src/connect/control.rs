@@ -7,7 +7,7 @@ use serde_json::json;
 use crate::audit::{now_rfc3339, uuid_v4};
 use crate::connect::frame::{
     AuditAction, AuditDetail, AuditEvent, AuditTarget, Control, ControlAction, ControlResult,
-    Frame, IoClose, IoOpen,
+    Frame, IoClose, IoOpen, PartialIoOpen,
 };
 use crate::crd::{Agent, Kind, Tool};
 use crate::reconcile::{Context, agent, common, tool};
@@ -51,27 +51,62 @@ pub async fn answer(ctx: &Context, c: Control) -> Frame {
 /// Refuses a shell session: audits `session.denied` with `reason` and returns the
 /// `io_close` (reason `denied`) to send.
 pub fn deny_session(ctx: &Context, o: IoOpen, reason: &str) -> Frame {
+    let target = AuditTarget {
+        kind: "Agent".into(),
+        namespace: o.target.namespace,
+        name: o.target.agent,
+        pod: None,
+        container: Some(o.target.container),
+    };
+    deny(
+        ctx,
+        o.channel,
+        o.actor,
+        o.session_id,
+        target,
+        Some(o.command),
+        reason,
+    )
+}
+
+/// Refuses an `io_open` that failed to decode but names its channel, as
+/// [`deny_session`] does (audited with what could be read of it).
+pub fn deny_malformed_session(ctx: &Context, o: &PartialIoOpen, reason: &str) -> Frame {
+    let target = AuditTarget {
+        kind: "Agent".into(),
+        namespace: o.namespace.clone(),
+        name: o.agent.clone(),
+        pod: None,
+        container: Some(o.container.clone()),
+    };
+    let (actor, session_id) = (o.actor.clone(), o.session_id.clone());
+    deny(ctx, o.channel, actor, session_id, target, None, reason)
+}
+
+fn deny(
+    ctx: &Context,
+    channel: u32,
+    actor: String,
+    session_id: String,
+    target: AuditTarget,
+    command: Option<Vec<String>>,
+    reason: &str,
+) -> Frame {
     ctx.link.audit.record(AuditEvent {
         id: uuid_v4(),
         time: now_rfc3339(),
         action: AuditAction::SessionDenied,
-        actor: o.actor,
-        session_id: Some(o.session_id),
-        target: AuditTarget {
-            kind: "Agent".into(),
-            namespace: o.target.namespace,
-            name: o.target.agent,
-            pod: None,
-            container: Some(o.target.container),
-        },
+        actor,
+        session_id: Some(session_id),
+        target,
         detail: AuditDetail {
-            command: Some(o.command),
+            command,
             reason: Some(reason.into()),
             ..Default::default()
         },
     });
     Frame::IoClose(IoClose {
-        channel: o.channel,
+        channel,
         exit_code: None,
         reason: Some("denied".into()),
     })

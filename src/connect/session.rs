@@ -187,9 +187,15 @@ impl Conn<'_> {
         }
     }
 
+    /// Answers a frame that failed to decode with `error` (§3), and a malformed `io_open`
+    /// also on its channel when that can be read (`io_close` `denied`).
     async fn send_bad(&mut self, e: &frame::DecodeError) -> Result<(), End> {
         self.link().frames_rejected.fetch_add(1, Relaxed);
-        self.send(&Frame::bad_frame(e)).await
+        self.send(&Frame::bad_frame(e)).await?;
+        match self.shells.refuse_malformed(self.ctx, e) {
+            Some(close) => self.send(&close).await,
+            None => Ok(()),
+        }
     }
 
     async fn close(&mut self, code: u16, reason: &str) {
