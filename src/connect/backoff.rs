@@ -117,7 +117,7 @@ fn system_random() -> u64 {
 /// Why the session is about to wait before dialling again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Retry {
-    /// Refused, unreachable, TLS, 404, no `welcome` in time, dead connection, close
+    /// Refused, unreachable, TLS, 404, dead connection (a silent peer too), close
     /// 4002 `protocol error`, …: the normal schedule.
     Normal,
     /// Upgrade answered 401/403, or close 4001 `token revoked`: the same growth, with

@@ -103,6 +103,16 @@ pub struct Welcome {
 }
 
 impl Welcome {
+    /// What the session goes on with when no `welcome` came (§4.1): the default
+    /// intervals, no deployment id.
+    pub fn defaults() -> Self {
+        Welcome {
+            deployment_id: String::new(),
+            heartbeat_interval_s: default_heartbeat_interval_s(),
+            snapshot_interval_s: default_snapshot_interval_s(),
+        }
+    }
+
     /// The heartbeat period, kept within 1 s ..= 1 day.
     ///
     /// The wire value is the peer's to choose, but 0 would make `tokio::time::interval`

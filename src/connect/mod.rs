@@ -252,14 +252,16 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
                         tracing::info!(%url, token_prefix = %token.prefix(), "connected to the control plane");
                         link.set_state(format!("connected to {url} (token {}…)", token.prefix()));
                         let hello = hello(&ctx, &ids, true);
-                        let end = session::run(&ctx, ws, hello, &mut shutdown, || {
+                        let end = session::run(&ctx, ws, hello, &mut shutdown, |welcomed| {
                             reconnect.reset();
                             link.connected.store(true, Relaxed);
-                            let now = std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map(|d| d.as_secs())
-                                .unwrap_or_default();
-                            link.last_welcome.store(now, Relaxed);
+                            if welcomed {
+                                let now = std::time::SystemTime::now()
+                                    .duration_since(std::time::UNIX_EPOCH)
+                                    .map(|d| d.as_secs())
+                                    .unwrap_or_default();
+                                link.last_welcome.store(now, Relaxed);
+                            }
                         })
                         .await;
                         link.connected.store(false, Relaxed);
@@ -301,16 +303,6 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
                                 Retry::Normal,
                                 "not connected: the connection went silent".to_owned(),
                             ),
-                            End::NoWelcome => {
-                                tracing::warn!(
-                                    timeout_s = config.welcome_timeout.as_secs(),
-                                    "no welcome from the control plane"
-                                );
-                                (
-                                    Retry::Normal,
-                                    "not connected: no welcome from the control plane".to_owned(),
-                                )
-                            }
                             End::Dropped(why) => {
                                 tracing::warn!(error = %why, "connection to the control plane lost");
                                 (
@@ -336,6 +328,15 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.changed() => return,
         }
     }
+}
+
+/// A context whose client points nowhere, for tests that never reach the API server.
+#[cfg(test)]
+pub(crate) fn test_context() -> Arc<Context> {
+    let kube_config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
+    let client = kube::Client::try_from(kube_config).expect("a client");
+    let config = Config::parse(|_| None).expect("the default configuration");
+    Context::new(client, Arc::new(config), Default::default())
 }
 
 #[cfg(test)]

@@ -753,17 +753,9 @@ mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{StatusCause, StatusDetails};
 
-    /// A context whose client points nowhere: nothing here reaches the API server.
-    fn context() -> Arc<Context> {
-        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-        let client = Client::try_from(config).unwrap();
-        let config = crate::config::Config::parse(|_| None).unwrap();
-        Context::new(client, Arc::new(config), Default::default())
-    }
-
     #[tokio::test]
     async fn a_malformed_io_open_is_refused_on_its_channel() {
-        let ctx = context();
+        let ctx = crate::connect::test_context();
         let mut shells = Shells::default();
         let text = r#"{"type":"io_open","channel":7,"session_id":"s-1","actor":"ada","target":{"namespace":"ns","agent":"ag"},"tty":"no"}"#;
         let err = crate::connect::frame::decode(text).unwrap_err();
