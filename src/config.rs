@@ -133,6 +133,62 @@ impl BaseUrl {
     }
 }
 
+/// `url` with the password of its userinfo replaced by `***` (`http://user:***@proxy:3128`),
+/// or all of the userinfo when it has no `:` (a bare token): what logs, errors and the
+/// Lease may show of a proxy URL. Works on text that does not parse as a URL too.
+pub fn redact_userinfo(url: &str) -> String {
+    let Some((start, at)) = userinfo(url) else {
+        return url.to_owned();
+    };
+    let shown = match url[start..at].split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => "***".to_owned(),
+    };
+    format!("{}{shown}{}", &url[..start], &url[at..])
+}
+
+/// Whether `url` carries userinfo (`user:pass@`) before its host.
+pub fn has_userinfo(url: &str) -> bool {
+    userinfo(url).is_some()
+}
+
+/// Where the userinfo of `url` starts and where its `@` is, if it has one: in the
+/// authority (after an optional `scheme://`, up to the first `/`, `?` or `#`), before its
+/// last `@`.
+fn userinfo(url: &str) -> Option<(usize, usize)> {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[start..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    authority.rfind('@').map(|at| (start, start + at))
+}
+
+/// `HTTPS_PROXY`: its `Debug` and `Display` hide the password (see [`redact_userinfo`]),
+/// so neither a log line nor a `{:?}` of the [`Config`] can show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ProxyUrl(String);
+
+impl ProxyUrl {
+    pub fn new(url: impl Into<String>) -> Self {
+        ProxyUrl(url.into().trim().to_owned())
+    }
+    /// The URL as configured, for dialling only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ProxyUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&redact_userinfo(&self.0))
+    }
+}
+
+impl std::fmt::Debug for ProxyUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ProxyUrl({:?})", redact_userinfo(&self.0))
+    }
+}
+
 /// Splits `host[:port]` / `[v6][:port]`; `None` when malformed.
 fn split_host_port(authority: &str, default_port: u16) -> Option<(String, u16)> {
     let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
@@ -175,7 +231,7 @@ pub struct Config {
     pub cluster_id: Option<String>,
     pub transport: Transport,
     pub ca_file: Option<PathBuf>,
-    pub https_proxy: Option<String>,
+    pub https_proxy: Option<ProxyUrl>,
     pub no_proxy: Option<String>,
     pub allow_insecure: bool,
     pub backoff_initial: Duration,
@@ -325,7 +381,9 @@ impl Config {
             cluster_id,
             transport,
             ca_file: var("AUTONOMIC_CA_FILE").map(PathBuf::from),
-            https_proxy: var("HTTPS_PROXY").or_else(|| var("https_proxy")),
+            https_proxy: var("HTTPS_PROXY")
+                .or_else(|| var("https_proxy"))
+                .map(ProxyUrl::new),
             no_proxy: var("NO_PROXY").or_else(|| var("no_proxy")),
             allow_insecure,
             backoff_initial,
@@ -542,6 +600,46 @@ mod tests {
                 .endpoint(false, "report"),
             "https://h:443/p/api/autonomic/report"
         );
+    }
+
+    #[test]
+    fn proxy_userinfo_is_redacted() {
+        let cases = [
+            ("http://user:pass@proxy:3128", "http://user:***@proxy:3128"),
+            (
+                "http://user:pass@proxy:3128/",
+                "http://user:***@proxy:3128/",
+            ),
+            ("http://user:p%40ss:w@proxy", "http://user:***@proxy"),
+            ("http://us%3Aer:pa@ss@proxy:1", "http://us%3Aer:***@proxy:1"),
+            ("http://token@proxy:3128", "http://***@proxy:3128"),
+            ("http://:pass@proxy", "http://:***@proxy"),
+            ("user:pass@proxy:3128", "user:***@proxy:3128"),
+            (
+                "HTTPS://u:p@[::1]:8080/x?y@z",
+                "HTTPS://u:***@[::1]:8080/x?y@z",
+            ),
+            ("http://proxy:3128", "http://proxy:3128"),
+            ("http://proxy:3128/a@b", "http://proxy:3128/a@b"),
+            ("proxy", "proxy"),
+            ("", ""),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(redact_userinfo(url), shown, "{url}");
+            assert_eq!(has_userinfo(url), url != shown, "{url}");
+            assert!(has_userinfo("http://***@proxy"));
+            assert_eq!(ProxyUrl::new(url).to_string(), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn config_debug_does_not_show_proxy_credentials() {
+        let c = parse(&[("HTTPS_PROXY", "http://user:s3cr3t@proxy:3128")]).unwrap();
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        assert!(shown.contains("http://user:***@proxy:3128"), "{shown}");
+        let c = parse(&[("https_proxy", "http://user:s3cr3t@proxy:3128")]).unwrap();
+        assert!(!format!("{c:?}").contains("s3cr3t"));
     }
 
     #[test]

@@ -140,6 +140,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         version = VERSION,
         managed = config.managed,
         namespaces = ?config.namespaces,
+        // Without its password (ProxyUrl's Display).
+        https_proxy = %config.https_proxy.as_ref().map_or_else(|| "none".to_owned(), ToString::to_string),
         probe_addr = %probe_addr,
         "autonomic-manager starting"
     );

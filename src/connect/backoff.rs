@@ -117,14 +117,15 @@ fn system_random() -> u64 {
 /// Why the session is about to wait before dialling again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Retry {
-    /// Refused, unreachable, TLS, 404, no `welcome` in time, dead connection, close
+    /// Refused, unreachable, TLS, 404, dead connection (a silent peer too), close
     /// 4002 `protocol error`, …: the normal schedule.
     Normal,
     /// Upgrade answered 401/403, or close 4001 `token revoked`: the same growth, with
     /// a longer cap so a revoked token does not hammer the platform.
     Rejected,
-    /// Close 4000: a newer connection took the deployment; wait the fixed eviction
-    /// delay so two installs sharing a token do not flap.
+    /// Close 4000 or reason `evicted by newer connection`: a newer connection took the
+    /// deployment; wait the fixed eviction delay so two installs sharing a token do not
+    /// flap.
     Evicted,
 }
 
@@ -137,15 +138,26 @@ impl Retry {
         }
     }
 
-    /// The schedule after the control plane closed the socket with this code.
-    pub fn for_close_code(code: u16) -> Retry {
+    /// The schedule after the control plane closed the socket with this code and reason.
+    ///
+    /// Eviction is recognised by the code 4000 or by the documented reason
+    /// [`EVICTION_REASON`] (ASCII case and surrounding blanks aside) whatever the code:
+    /// a real platform, or a proxy in front of it, may close with another code, and
+    /// missing an eviction makes two installs sharing a token flap. Then 4001 is a
+    /// revoked token; anything else the normal schedule (4002 included).
+    pub fn for_close(code: u16, reason: &str) -> Retry {
+        if code == 4000 || reason.trim().eq_ignore_ascii_case(EVICTION_REASON) {
+            return Retry::Evicted;
+        }
         match code {
-            4000 => Retry::Evicted,
             4001 => Retry::Rejected,
             _ => Retry::Normal,
         }
     }
 }
+
+/// The close reason of an eviction (PROTOCOL.md §4.7).
+pub const EVICTION_REASON: &str = "evicted by newer connection";
 
 /// The spec's defaults, which `AUTONOMIC_BACKOFF_*` and `AUTONOMIC_EVICTION_DELAY_S`
 /// override.
@@ -410,10 +422,37 @@ mod tests {
         for status in [404, 500, 502, 200] {
             assert_eq!(Retry::for_upgrade_status(status), Retry::Normal);
         }
-        assert_eq!(Retry::for_close_code(4000), Retry::Evicted);
-        assert_eq!(Retry::for_close_code(4001), Retry::Rejected);
-        for code in [4002, 1000, 1006, 1011, 4999] {
-            assert_eq!(Retry::for_close_code(code), Retry::Normal);
+    }
+
+    #[test]
+    fn close_code_and_reason_classify_the_retry() {
+        use Retry::*;
+        // (code, reason, retry): §4.7, eviction by either the code or the documented reason.
+        let cases: &[(u16, &str, Retry)] = &[
+            (4000, "evicted by newer connection", Evicted),
+            (4000, "", Evicted),
+            (4000, "anything", Evicted),
+            (1000, "evicted by newer connection", Evicted),
+            (1008, "evicted by newer connection", Evicted),
+            (4999, "Evicted by newer connection", Evicted),
+            (1000, " evicted by newer connection ", Evicted),
+            (4002, "evicted by newer connection", Evicted),
+            (4001, "evicted by newer connection", Evicted),
+            (4001, "token revoked", Rejected),
+            (4001, "", Rejected),
+            (4002, "protocol error", Normal),
+            (1000, "", Normal),
+            (1000, "bye", Normal),
+            (1001, "going away", Normal),
+            (1006, "", Normal),
+            (1011, "internal error", Normal),
+            (4999, "", Normal),
+            // Not the documented text: only a look-alike.
+            (1000, "evicted", Normal),
+            (1000, "not evicted by newer connection", Normal),
+        ];
+        for &(code, reason, retry) in cases {
+            assert_eq!(Retry::for_close(code, reason), retry, "{code} {reason:?}");
         }
     }
 

@@ -7,10 +7,10 @@ use serde_json::json;
 use crate::audit::{now_rfc3339, uuid_v4};
 use crate::connect::frame::{
     AuditAction, AuditDetail, AuditEvent, AuditTarget, Control, ControlAction, ControlResult,
-    Frame, IoClose, IoOpen,
+    Frame, IoClose, IoOpen, PartialIoOpen,
 };
 use crate::crd::{Agent, Kind, Tool};
-use crate::reconcile::{Context, common, tool};
+use crate::reconcile::{Context, agent, common, tool};
 
 /// Carries out `c`, logs and audits it (before anything is sent, so a failed send cannot
 /// lose the record), and returns the `control_result` to send.
@@ -51,30 +51,87 @@ pub async fn answer(ctx: &Context, c: Control) -> Frame {
 /// Refuses a shell session: audits `session.denied` with `reason` and returns the
 /// `io_close` (reason `denied`) to send.
 pub fn deny_session(ctx: &Context, o: IoOpen, reason: &str) -> Frame {
+    let target = AuditTarget {
+        kind: "Agent".into(),
+        namespace: o.target.namespace,
+        name: o.target.agent,
+        pod: None,
+        container: Some(o.target.container),
+    };
+    deny(
+        ctx,
+        o.channel,
+        o.actor,
+        o.session_id,
+        target,
+        Some(o.command),
+        reason,
+    )
+}
+
+/// Refuses an `io_open` that failed to decode but names its channel, as
+/// [`deny_session`] does (audited with what could be read of it).
+pub fn deny_malformed_session(ctx: &Context, o: &PartialIoOpen, reason: &str) -> Frame {
+    let target = AuditTarget {
+        kind: "Agent".into(),
+        namespace: o.namespace.clone(),
+        name: o.agent.clone(),
+        pod: None,
+        container: Some(o.container.clone()),
+    };
+    let (actor, session_id) = (o.actor.clone(), o.session_id.clone());
+    deny(ctx, o.channel, actor, session_id, target, None, reason)
+}
+
+fn deny(
+    ctx: &Context,
+    channel: u32,
+    actor: String,
+    session_id: String,
+    target: AuditTarget,
+    command: Option<Vec<String>>,
+    reason: &str,
+) -> Frame {
     ctx.link.audit.record(AuditEvent {
         id: uuid_v4(),
         time: now_rfc3339(),
         action: AuditAction::SessionDenied,
-        actor: o.actor,
-        session_id: Some(o.session_id),
-        target: AuditTarget {
-            kind: "Agent".into(),
-            namespace: o.target.namespace,
-            name: o.target.agent,
-            pod: None,
-            container: Some(o.target.container),
-        },
+        actor,
+        session_id: Some(session_id),
+        target,
         detail: AuditDetail {
-            command: Some(o.command),
+            command,
             reason: Some(reason.into()),
             ..Default::default()
         },
     });
     Frame::IoClose(IoClose {
-        channel: o.channel,
+        channel,
         exit_code: None,
         reason: Some("denied".into()),
     })
+}
+
+/// Why `restart` cannot do what it says for this Agent, if it cannot: a finished Agent
+/// (`Succeeded`/`Failed` under `restartPolicy` `OnFailure`/`Never`, for its current
+/// generation) gets no new pod when its pod is deleted (the reconciler's own rule,
+/// [`agent::finished`]), so deleting it would only lose its logs. Refused instead, with
+/// `ok: false`: the protocol's `control_result` has no other way to say "not done".
+pub fn restart_refusal(a: &Agent) -> Option<String> {
+    if !agent::finished(a) {
+        return None;
+    }
+    let phase = a
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .map_or_else(|| "finished".to_owned(), |p| format!("{p:?}"));
+    Some(format!(
+        "Agent {}/{} has finished ({phase}) with restartPolicy {}: it is not restarted until its spec changes",
+        a.metadata.namespace.as_deref().unwrap_or_default(),
+        a.metadata.name.as_deref().unwrap_or_default(),
+        a.spec.restart_policy.as_str(),
+    ))
 }
 
 /// Carries out `c`. `Ok` says what was done; `Err` why it was refused or failed.
@@ -114,6 +171,12 @@ pub async fn execute(ctx: &Context, c: &Control) -> Result<String, String> {
     let failed = |e: kube::Error| format!("{kind} {}/{}: {e}", t.namespace, t.name);
     match c.action {
         ControlAction::Restart => {
+            if kind == Kind::Agent
+                && let Some(a) = ctx.agents.get(&t.namespace, &t.name)
+                && let Some(refusal) = restart_refusal(&a)
+            {
+                return Err(refusal);
+            }
             let pod = ctx
                 .pods
                 .get(&t.namespace, &pod_name)
@@ -160,6 +223,65 @@ pub async fn execute(ctx: &Context, c: &Control) -> Result<String, String> {
             }
             .map_err(failed)?;
             Ok(format!("{kind} deleted"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{AgentPhase, AgentStatus, RestartPolicy};
+
+    fn agent(policy: RestartPolicy, phase: Option<AgentPhase>, observed: i64) -> Agent {
+        let mut a: Agent = serde_saphyr::from_str(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: triage, namespace: team-a}, spec: {runtime: {image: 'rt:1'}}}",
+        )
+        .unwrap();
+        a.metadata.generation = Some(2);
+        a.spec.restart_policy = policy;
+        a.status = Some(AgentStatus {
+            phase,
+            observed_generation: Some(observed),
+            ..Default::default()
+        });
+        a
+    }
+
+    #[test]
+    fn restart_of_a_finished_agent_is_refused_truthfully() {
+        use AgentPhase::*;
+        use RestartPolicy::*;
+        // (policy, phase, observed generation, refused): the reconciler's own rule, so the
+        // answer says exactly whether a new pod follows.
+        let cases = [
+            (Never, Some(Succeeded), 2, true),
+            (Never, Some(Failed), 2, true),
+            (OnFailure, Some(Succeeded), 2, true),
+            (OnFailure, Some(Failed), 2, true),
+            // A spec change since the agent finished: the next pass starts it again.
+            (Never, Some(Succeeded), 1, false),
+            (Never, Some(Active), 2, false),
+            (OnFailure, Some(Error), 2, false),
+            (Always, Some(Active), 2, false),
+            (Always, Some(Pending), 2, false),
+            (Never, None, 2, false),
+        ];
+        for (policy, phase, observed, refused) in cases {
+            let a = agent(policy, phase, observed);
+            let answer = restart_refusal(&a);
+            assert_eq!(answer.is_some(), refused, "{policy:?} {phase:?} {observed}");
+            if let Some(why) = answer {
+                let phase = format!("{:?}", phase.unwrap());
+                assert!(
+                    why.contains(&phase) && why.contains(policy.as_str()),
+                    "{why}"
+                );
+                assert!(
+                    why.contains("not restarted until its spec changes"),
+                    "{why}"
+                );
+                assert!(!why.contains("recreated"), "{why}");
+            }
         }
     }
 }

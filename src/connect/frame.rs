@@ -18,8 +18,8 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// The control plane only sends small frames to the manager (`control`, `io_open`, …:
 /// a few hundred bytes), and a parsed JSON tree takes several times the memory of its
 /// text, so an unbounded message is the cheapest way for a peer to exhaust the pod's
-/// memory. 1 MiB leaves three orders of magnitude of headroom; the socket should cap
-/// its WebSocket message size at the same figure.
+/// memory. 1 MiB leaves three orders of magnitude of headroom; the socket caps its
+/// WebSocket messages at [`MAX_MESSAGE_BYTES`] (a binary frame's header above this).
 pub const MAX_FRAME_BYTES: usize = 1 << 20;
 
 /// Longest peer-derived text quoted back in a [`DecodeError`]: serde quotes offending
@@ -103,6 +103,16 @@ pub struct Welcome {
 }
 
 impl Welcome {
+    /// What the session goes on with when no `welcome` came (§4.1): the default
+    /// intervals, no deployment id.
+    pub fn defaults() -> Self {
+        Welcome {
+            deployment_id: String::new(),
+            heartbeat_interval_s: default_heartbeat_interval_s(),
+            snapshot_interval_s: default_snapshot_interval_s(),
+        }
+    }
+
     /// The heartbeat period, kept within 1 s ..= 1 day.
     ///
     /// The wire value is the peer's to choose, but 0 would make `tokio::time::interval`
@@ -219,8 +229,61 @@ pub struct IoOpen {
     pub command: Vec<String>,
     #[serde(default = "default_tty")]
     pub tty: bool,
-    pub cols: u16,
-    pub rows: u16,
+    /// Terminal size; meaningless without a PTY, so optional (see [`IoOpen::size`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cols: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<u16>,
+}
+
+/// The terminal size of an `io_open` that names none.
+pub const DEFAULT_TERMINAL: (u16, u16) = (80, 24);
+
+impl IoOpen {
+    /// The PTY's starting size, `(cols, rows)`: 80×24 where the frame names none; `None`
+    /// without a PTY (`tty: false`), where a size means nothing.
+    pub fn size(&self) -> Option<(u16, u16)> {
+        self.tty.then(|| {
+            (
+                self.cols.unwrap_or(DEFAULT_TERMINAL.0),
+                self.rows.unwrap_or(DEFAULT_TERMINAL.1),
+            )
+        })
+    }
+}
+
+/// What can be read of an `io_open` that failed to decode but whose `channel` is a u32:
+/// enough to refuse it on that channel (`io_close` `denied`) and to audit the refusal,
+/// so the control plane's session is answered instead of waiting forever. Strings are
+/// empty where missing or not strings, and cut short like error messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartialIoOpen {
+    pub channel: u32,
+    pub session_id: String,
+    pub actor: String,
+    pub namespace: String,
+    pub agent: String,
+    pub container: String,
+}
+
+impl PartialIoOpen {
+    fn read(object: &serde_json::Map<String, Value>) -> Option<Self> {
+        let channel = u32::try_from(object.get("channel")?.as_u64()?).ok()?;
+        let text = |v: Option<&Value>| short(v.and_then(Value::as_str).unwrap_or_default().into());
+        let target = object.get("target");
+        let field = |name: &str| target.and_then(|t| t.get(name));
+        Some(PartialIoOpen {
+            channel,
+            session_id: text(object.get("session_id")),
+            actor: text(object.get("actor")),
+            namespace: text(field("namespace")),
+            agent: text(field("agent")),
+            container: match field("container") {
+                None => default_container(),
+                c => text(c),
+            },
+        })
+    }
 }
 
 /// The container a shell opens in.
@@ -403,6 +466,12 @@ pub enum DecodeError {
     MissingType,
     #[error("bad `{frame_type}` frame: {message}")]
     Invalid { frame_type: String, message: String },
+    /// An `io_open` that failed to decode but whose channel can be answered.
+    #[error("bad `io_open` frame: {message}")]
+    InvalidIoOpen {
+        message: String,
+        open: Box<PartialIoOpen>,
+    },
     #[error("binary frame of {len} bytes is shorter than its 5-byte header")]
     IoTooShort { len: usize },
     #[error("binary frame has unknown stream {0} (expected 0, 1 or 2)")]
@@ -414,6 +483,16 @@ impl DecodeError {
     pub fn frame_type(&self) -> Option<&str> {
         match self {
             DecodeError::Invalid { frame_type, .. } => Some(frame_type),
+            DecodeError::InvalidIoOpen { .. } => Some("io_open"),
+            _ => None,
+        }
+    }
+
+    /// The readable part of a malformed `io_open` whose `channel` is a u32: the manager
+    /// answers it on that channel (`io_close` `denied`) besides the `error` frame.
+    pub fn malformed_io_open(&self) -> Option<&PartialIoOpen> {
+        match self {
+            DecodeError::InvalidIoOpen { open, .. } => Some(open),
             _ => None,
         }
     }
@@ -448,11 +527,23 @@ pub fn decode(text: &str) -> Result<Option<Frame>, DecodeError> {
         Some(Value::String(_)) => return Ok(None),
         _ => return Err(DecodeError::MissingType),
     };
+    let io_open = (frame_type == "io_open")
+        .then(|| PartialIoOpen::read(&object))
+        .flatten();
     serde_json::from_value(Value::Object(object))
         .map(Some)
-        .map_err(|e| DecodeError::Invalid {
-            frame_type,
-            message: short(e.to_string()),
+        .map_err(|e| {
+            let message = short(e.to_string());
+            match io_open {
+                Some(open) => DecodeError::InvalidIoOpen {
+                    message,
+                    open: Box::new(open),
+                },
+                None => DecodeError::Invalid {
+                    frame_type,
+                    message,
+                },
+            }
         })
 }
 
@@ -496,6 +587,15 @@ impl TryFrom<u8> for Stream {
 /// Bytes before the payload of a binary message: channel (u32 BE) and stream.
 pub const IO_HEADER_LEN: usize = 5;
 
+/// Largest payload of a binary message [`decode_io`] accepts. §6 sets no figure; the
+/// control plane writes only stdin, and a session holds at most 1 MiB of unread input
+/// (`shell::STDIN_LIMIT`), so a larger chunk could only close its session.
+pub const MAX_IO_PAYLOAD: usize = MAX_FRAME_BYTES;
+
+/// Largest WebSocket message the manager reads: the larger of a text frame
+/// ([`MAX_FRAME_BYTES`]) and a binary one (header + [`MAX_IO_PAYLOAD`]).
+pub const MAX_MESSAGE_BYTES: usize = IO_HEADER_LEN + MAX_IO_PAYLOAD;
+
 /// One binary message, borrowing its payload from the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IoChunk<'a> {
@@ -513,8 +613,11 @@ pub fn encode_io(channel: u32, stream: Stream, data: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Reads one binary message. An empty payload is valid.
+/// Reads one binary message. An empty payload is valid; one over [`MAX_IO_PAYLOAD`] is not.
 pub fn decode_io(bytes: &[u8]) -> Result<IoChunk<'_>, DecodeError> {
+    if bytes.len() > MAX_MESSAGE_BYTES {
+        return Err(DecodeError::TooLarge { len: bytes.len() });
+    }
     let Some((&[c0, c1, c2, c3, s], data)) = bytes.split_first_chunk::<IO_HEADER_LEN>() else {
         return Err(DecodeError::IoTooShort { len: bytes.len() });
     };
@@ -603,8 +706,8 @@ mod tests {
                 },
                 command: vec!["/bin/bash".into(), "-l".into()],
                 tty: false,
-                cols: 120,
-                rows: 40,
+                cols: Some(120),
+                rows: Some(40),
             }),
             Frame::IoOpened(IoOpened { channel: 7 }),
             Frame::IoResize(IoResize {
@@ -793,8 +896,8 @@ mod tests {
                 },
                 command: vec!["/bin/sh".into()],
                 tty: true,
-                cols: 80,
-                rows: 24,
+                cols: Some(80),
+                rows: Some(24),
             })))
         );
 
@@ -811,6 +914,123 @@ mod tests {
         assert_eq!(
             encode(&Frame::Audit(Audit { event })),
             r#"{"type":"audit","event":{"id":"a","time":"t","action":"control.done","actor":"x","target":{"kind":"Tool","namespace":"ns","name":"n"},"detail":{}}}"#
+        );
+    }
+
+    #[test]
+    fn io_open_terminal_size_is_optional() {
+        // (fields after `target`, PTY size): no size needed without a PTY.
+        let cases: &[(&str, Option<(u16, u16)>)] = &[
+            (r#""tty":false"#, None),
+            (r#""tty":false,"cols":120,"rows":40"#, None),
+            (r#""command":["ls","-l"],"tty":false"#, None),
+            ("", Some((80, 24))),
+            (r#""tty":true"#, Some((80, 24))),
+            (r#""tty":true,"cols":120,"rows":40"#, Some((120, 40))),
+            (r#""cols":120"#, Some((120, 24))),
+            (r#""rows":40"#, Some((80, 40))),
+        ];
+        for &(fields, size) in cases {
+            let sep = if fields.is_empty() { "" } else { "," };
+            let text = format!(
+                r#"{{"type":"io_open","channel":3,"session_id":"s","actor":"a","target":{{"namespace":"ns","agent":"ag"}}{sep}{fields}}}"#
+            );
+            let Ok(Some(Frame::IoOpen(open))) = decode(&text) else {
+                panic!("{text}: {:?}", decode(&text));
+            };
+            assert_eq!(open.size(), size, "{text}");
+            // Absent sizes stay absent on the way out.
+            let again = encode(&Frame::IoOpen(open.clone()));
+            assert_eq!(again.contains("cols"), fields.contains("cols"), "{again}");
+            assert_eq!(decode(&again), Ok(Some(Frame::IoOpen(open))));
+        }
+    }
+
+    #[test]
+    fn a_malformed_io_open_keeps_its_channel_when_readable() {
+        let open = |fields: &str| {
+            format!(r#"{{"type":"io_open","session_id":"s","actor":"ada",{fields}}}"#)
+        };
+        let target = r#""target":{"namespace":"ns","agent":"ag"}"#;
+        // (input, channel to answer on with io_close, words of the message)
+        let cases = [
+            (open(r#""channel":7"#), Some(7), "missing field `target`"),
+            (
+                open(&format!(r#""channel":7,{target},"tty":"yes""#)),
+                Some(7),
+                "expected a boolean",
+            ),
+            (
+                open(&format!(r#""channel":0,{target},"cols":-1"#)),
+                Some(0),
+                "invalid value",
+            ),
+            (
+                open(&format!(r#""channel":4294967295,{target},"command":"sh""#)),
+                Some(u32::MAX),
+                "expected a sequence",
+            ),
+            (
+                open(r#""channel":9,"target":{"namespace":"ns"}"#),
+                Some(9),
+                "missing field `agent`",
+            ),
+            // No channel to answer on: only the `error` frame.
+            (open(target), None, "missing field `channel`"),
+            (
+                open(&format!(r#""channel":"7",{target}"#)),
+                None,
+                "invalid type",
+            ),
+            (
+                open(&format!(r#""channel":4294967296,{target}"#)),
+                None,
+                "expected u32",
+            ),
+            (
+                open(&format!(r#""channel":-1,{target}"#)),
+                None,
+                "expected u32",
+            ),
+            (
+                open(&format!(r#""channel":1.5,{target}"#)),
+                None,
+                "invalid type",
+            ),
+        ];
+        for (input, channel, words) in cases {
+            let err = decode(&input).expect_err(&input);
+            assert!(err.to_string().contains(words), "{input}: {err}");
+            assert_eq!(err.frame_type(), Some("io_open"), "{input}");
+            assert!(
+                err.to_string().starts_with("bad `io_open` frame: "),
+                "{err}"
+            );
+            let got = err.malformed_io_open().map(|o| o.channel);
+            assert_eq!(got, channel, "{input}");
+        }
+        // What can be read is kept for the audit; the rest is empty or the default.
+        let err = decode(&open(
+            r#""channel":7,"target":{"namespace":"ns","agent":5}"#,
+        ))
+        .unwrap_err();
+        assert_eq!(
+            err.malformed_io_open(),
+            Some(&PartialIoOpen {
+                channel: 7,
+                session_id: "s".into(),
+                actor: "ada".into(),
+                namespace: "ns".into(),
+                agent: String::new(),
+                container: "runtime".into(),
+            })
+        );
+        // Other frames never carry one.
+        assert_eq!(
+            decode(r#"{"type":"io_close","channel":"x"}"#)
+                .unwrap_err()
+                .malformed_io_open(),
+            None
         );
     }
 
@@ -893,11 +1113,6 @@ mod tests {
                 r#"{"type":"io_open","channel":4294967296,"session_id":"s","actor":"a","target":{"namespace":"n","agent":"a"},"cols":80,"rows":24}"#,
                 Some("io_open"),
                 "expected u32",
-            ),
-            (
-                r#"{"type":"io_open","channel":1,"session_id":"s","actor":"a","target":{"namespace":"n","agent":"a"}}"#,
-                Some("io_open"),
-                "missing field `cols`",
             ),
             (
                 r#"{"type":"io_resize","channel":1,"cols":"80","rows":24}"#,
@@ -1031,6 +1246,15 @@ mod tests {
             assert_eq!(err, DecodeError::IoTooShort { len });
             assert!(err.to_string().contains("shorter than its 5-byte header"));
         }
+        let mut big = encode_io(1, Stream::Stdin, &vec![b'x'; MAX_IO_PAYLOAD]);
+        assert_eq!(decode_io(&big).unwrap().data.len(), MAX_IO_PAYLOAD);
+        big.push(b'x');
+        assert_eq!(
+            decode_io(&big),
+            Err(DecodeError::TooLarge {
+                len: MAX_MESSAGE_BYTES + 1
+            })
+        );
         for byte in [3, 4, 0x80, 0xff] {
             let err = decode_io(&[0, 0, 0, 1, byte, b'x']).unwrap_err();
             assert_eq!(err, DecodeError::IoStream(byte));

@@ -262,10 +262,25 @@ pub async fn run(
                 Ok((200, answer)) => {
                     match serde_json::from_slice::<Vec<serde_json::Value>>(&answer) {
                         Ok(values) => {
-                            let decoded = values
-                                .iter()
-                                .filter_map(|v| frame::decode(&v.to_string()).ok().flatten())
-                                .collect();
+                            let mut decoded = Vec::new();
+                            for v in &values {
+                                match frame::decode(&v.to_string()) {
+                                    Ok(Some(f)) => decoded.push(f),
+                                    Ok(None) => {}
+                                    // A malformed io_open is still answered on its channel.
+                                    Err(e) => {
+                                        tracing::warn!(error = %e, "malformed frame in a report answer");
+                                        if let Some(o) = e.malformed_io_open() {
+                                            let close = control::deny_malformed_session(
+                                                &ctx,
+                                                o,
+                                                &e.to_string(),
+                                            );
+                                            r.outbox.push(close);
+                                        }
+                                    }
+                                }
+                            }
                             link.bytes_sent.fetch_add(body.len() as u64, Relaxed);
                             Ok(decoded)
                         }

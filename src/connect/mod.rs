@@ -250,14 +250,16 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
                         tracing::info!(%url, token_prefix = %token.prefix(), "connected to the control plane");
                         link.set_state(format!("connected to {url} (token {}…)", token.prefix()));
                         let hello = hello(&ctx, &ids, true);
-                        let end = session::run(&ctx, ws, hello, &mut shutdown, || {
+                        let end = session::run(&ctx, ws, hello, &mut shutdown, |welcomed| {
                             reconnect.reset();
                             link.connected.store(true, Relaxed);
-                            let now = std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map(|d| d.as_secs())
-                                .unwrap_or_default();
-                            link.last_welcome.store(now, Relaxed);
+                            if welcomed {
+                                let now = std::time::SystemTime::now()
+                                    .duration_since(std::time::UNIX_EPOCH)
+                                    .map(|d| d.as_secs())
+                                    .unwrap_or_default();
+                                link.last_welcome.store(now, Relaxed);
+                            }
                         })
                         .await;
                         link.connected.store(false, Relaxed);
@@ -267,46 +269,38 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
                                 link.set_state("not connected: shutting down");
                                 return;
                             }
-                            End::Closed(4000, reason) => {
-                                tracing::warn!(%reason, "evicted by a newer connection for this deployment: two installs probably share one token; waiting the eviction delay before dialling again");
-                                (
-                                    Retry::Evicted,
-                                    format!("evicted by a newer connection ({reason})"),
-                                )
-                            }
-                            End::Closed(4001, reason) => {
-                                tracing::warn!(%reason, token_prefix = %token.prefix(), "token rejected: revoked by the control plane");
-                                (
-                                    Retry::Rejected,
-                                    format!(
-                                        "token rejected: revoked by the control plane (token {}…)",
-                                        token.prefix()
-                                    ),
-                                )
-                            }
-                            End::Closed(code, reason) => {
-                                tracing::warn!(code, %reason, "the control plane closed the connection");
-                                (
-                                    Retry::for_close_code(code),
-                                    format!(
-                                        "not connected: closed by the control plane ({code} {reason})"
-                                    ),
-                                )
-                            }
+                            End::Closed(code, reason) => match Retry::for_close(code, &reason) {
+                                Retry::Evicted => {
+                                    tracing::warn!(code, %reason, "evicted by a newer connection for this deployment: two installs probably share one token; waiting the eviction delay before dialling again");
+                                    (
+                                        Retry::Evicted,
+                                        format!("evicted by a newer connection ({code} {reason})"),
+                                    )
+                                }
+                                Retry::Rejected => {
+                                    tracing::warn!(code, %reason, token_prefix = %token.prefix(), "token rejected: revoked by the control plane");
+                                    (
+                                        Retry::Rejected,
+                                        format!(
+                                            "token rejected: revoked by the control plane (token {}…)",
+                                            token.prefix()
+                                        ),
+                                    )
+                                }
+                                Retry::Normal => {
+                                    tracing::warn!(code, %reason, "the control plane closed the connection");
+                                    (
+                                        Retry::Normal,
+                                        format!(
+                                            "not connected: closed by the control plane ({code} {reason})"
+                                        ),
+                                    )
+                                }
+                            },
                             End::Dead => (
                                 Retry::Normal,
                                 "not connected: the connection went silent".to_owned(),
                             ),
-                            End::NoWelcome => {
-                                tracing::warn!(
-                                    timeout_s = config.welcome_timeout.as_secs(),
-                                    "no welcome from the control plane"
-                                );
-                                (
-                                    Retry::Normal,
-                                    "not connected: no welcome from the control plane".to_owned(),
-                                )
-                            }
                             End::Dropped(why) => {
                                 tracing::warn!(error = %why, "connection to the control plane lost");
                                 (
@@ -332,6 +326,15 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.changed() => return,
         }
     }
+}
+
+/// A context whose client points nowhere, for tests that never reach the API server.
+#[cfg(test)]
+pub(crate) fn test_context() -> Arc<Context> {
+    let kube_config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
+    let client = kube::Client::try_from(kube_config).expect("a client");
+    let config = Config::parse(|_| None).expect("the default configuration");
+    Context::new(client, Arc::new(config), Default::default())
 }
 
 #[cfg(test)]

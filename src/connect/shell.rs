@@ -28,8 +28,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until, timeout};
 
 use super::frame::{
-    AuditAction, AuditDetail, AuditEvent, AuditTarget, Frame, IoClose, IoOpen, IoOpened, IoResize,
-    Stream,
+    AuditAction, AuditDetail, AuditEvent, AuditTarget, DEFAULT_TERMINAL, DecodeError, Frame,
+    IoClose, IoOpen, IoOpened, IoResize, Stream,
 };
 use crate::audit::{now_rfc3339, uuid_v4};
 use crate::crd::AgentPhase;
@@ -149,7 +149,8 @@ impl Shells {
         );
         let (stdin, stdin_rx) = mpsc::unbounded_channel();
         let stdin_pending = Arc::new(AtomicUsize::new(0));
-        let (resize, resize_rx) = watch::channel((o.cols, o.rows));
+        // Without a PTY the size is never used.
+        let (resize, resize_rx) = watch::channel(o.size().unwrap_or(DEFAULT_TERMINAL));
         let (close, close_rx) = watch::channel(None);
         let exec = Exec {
             client: ctx.client.clone(),
@@ -184,6 +185,21 @@ impl Shells {
             },
         );
         Reply::None
+    }
+
+    /// An `io_open` that failed to decode (`err`, already answered with `error`): when its
+    /// channel can be read and carries no session, it is refused there too, as any other
+    /// refusal (`io_close` `denied`, audited `session.denied`), so the control plane's
+    /// session gets its answer. A channel with a live session is left alone: an
+    /// `io_close` on it would end that session in the control plane's eyes.
+    pub fn refuse_malformed(&self, ctx: &Context, err: &DecodeError) -> Option<Frame> {
+        let o = err.malformed_io_open()?;
+        if self.open.contains_key(&o.channel) {
+            return None;
+        }
+        let reason = err.to_string();
+        tracing::warn!(channel = o.channel, session_id = %o.session_id, actor = %o.actor, %reason, "shell session denied");
+        Some(super::control::deny_malformed_session(ctx, o, &reason))
     }
 
     /// A binary frame from the control plane: stdin for a session.
@@ -736,6 +752,76 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{StatusCause, StatusDetails};
+
+    #[tokio::test]
+    async fn a_malformed_io_open_is_refused_on_its_channel() {
+        let ctx = crate::connect::test_context();
+        let mut shells = Shells::default();
+        let text = r#"{"type":"io_open","channel":7,"session_id":"s-1","actor":"ada","target":{"namespace":"ns","agent":"ag"},"tty":"no"}"#;
+        let err = crate::connect::frame::decode(text).unwrap_err();
+        let answer = shells.refuse_malformed(&ctx, &err);
+        assert_eq!(
+            answer,
+            Some(Frame::IoClose(IoClose {
+                channel: 7,
+                exit_code: None,
+                reason: Some("denied".into()),
+            }))
+        );
+        let audit = ctx.link.audit.drain();
+        assert_eq!(audit.len(), 1);
+        let event = &audit[0];
+        assert_eq!(event.action, AuditAction::SessionDenied);
+        assert_eq!(
+            (event.actor.as_str(), event.session_id.as_deref()),
+            ("ada", Some("s-1"))
+        );
+        assert_eq!(
+            (event.target.namespace.as_str(), event.target.name.as_str()),
+            ("ns", "ag")
+        );
+        let reason = event.detail.reason.as_deref().unwrap();
+        assert!(
+            reason.starts_with("bad `io_open` frame: ") && reason.contains("boolean"),
+            "{reason}"
+        );
+
+        // No readable channel: the `error` frame is the only answer.
+        let err = crate::connect::frame::decode(r#"{"type":"io_open","channel":"7"}"#).unwrap_err();
+        assert_eq!(shells.refuse_malformed(&ctx, &err), None);
+        // Another frame's error is not a session's.
+        let err = crate::connect::frame::decode(r#"{"type":"io_resize","channel":7}"#).unwrap_err();
+        assert_eq!(shells.refuse_malformed(&ctx, &err), None);
+        assert!(ctx.link.audit.drain().is_empty());
+
+        // A live session on that channel is not closed by someone else's bad frame.
+        let (stdin, _stdin_rx) = mpsc::unbounded_channel();
+        let (resize, _) = watch::channel(DEFAULT_TERMINAL);
+        let (close, _) = watch::channel(None);
+        let good = r#"{"type":"io_open","channel":7,"session_id":"s-0","actor":"ada","target":{"namespace":"ns","agent":"ag"}}"#;
+        let Ok(Some(Frame::IoOpen(open))) = crate::connect::frame::decode(good) else {
+            unreachable!()
+        };
+        shells.open.insert(
+            7,
+            Session {
+                open,
+                pod: "ag".into(),
+                started: Instant::now(),
+                stdin,
+                stdin_pending: Default::default(),
+                resize,
+                close,
+                bytes_in: 0,
+                bytes_out: 0,
+                overflowed: false,
+                task: tokio::spawn(async {}),
+            },
+        );
+        let err = crate::connect::frame::decode(text).unwrap_err();
+        assert_eq!(shells.refuse_malformed(&ctx, &err), None);
+        assert!(ctx.link.audit.drain().is_empty());
+    }
 
     #[test]
     fn the_pid_announcement_is_removed_however_it_is_split() {

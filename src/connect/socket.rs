@@ -10,8 +10,10 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
-use crate::config::{BaseUrl, Config, Token};
-use crate::connect::frame::{MAX_FRAME_BYTES, SUBPROTOCOL};
+use crate::config::{BaseUrl, Config, ProxyUrl, Token, has_userinfo, redact_userinfo};
+#[cfg(test)]
+use crate::connect::frame::{IO_HEADER_LEN, MAX_FRAME_BYTES, MAX_IO_PAYLOAD};
+use crate::connect::frame::{MAX_MESSAGE_BYTES, SUBPROTOCOL};
 
 pub type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -30,6 +32,7 @@ pub enum DialError {
     Http(u16),
     #[error("cannot connect to {target}: {reason}")]
     Connect { target: String, reason: String },
+    /// `proxy` is the URL with its password redacted.
     #[error("proxy {proxy}: {reason}")]
     Proxy { proxy: String, reason: String },
     #[error("TLS: {0}")]
@@ -74,8 +77,16 @@ fn io_reason(e: &std::io::Error) -> String {
     }
 }
 
-/// Splits a proxy URL into `host:port`. Credentials in it are not supported (said so).
+/// Splits a proxy URL into `host:port`. Credentials in it are not supported (said so,
+/// without the password: see [`redact_userinfo`]).
 fn proxy_authority(proxy: &str) -> Result<String, String> {
+    if has_userinfo(proxy) {
+        return Err(format!(
+            "credentials in the proxy URL {} are not supported: the manager sends no Proxy-Authorization",
+            redact_userinfo(proxy)
+        ));
+    }
+    // No userinfo: the parser's errors may quote the URL.
     let url = BaseUrl::parse(proxy)?;
     if url.tls {
         return Err("only http:// proxies are supported".into());
@@ -87,7 +98,8 @@ pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
     let target = config.base_url.authority();
     let proxy = config
         .https_proxy
-        .as_deref()
+        .as_ref()
+        .map(ProxyUrl::expose)
         .filter(|_| !bypasses_proxy(config.no_proxy.as_deref(), &config.base_url.host));
     let Some(proxy) = proxy else {
         return TcpStream::connect(&target)
@@ -97,8 +109,10 @@ pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
                 reason: io_reason(&e),
             });
     };
+    // Errors name the proxy without its password: they are log lines and the Lease's
+    // `autonomic.sh/link` annotation.
     let proxy_err = |reason: String| DialError::Proxy {
-        proxy: proxy.to_owned(),
+        proxy: redact_userinfo(proxy),
         reason,
     };
     let authority = proxy_authority(proxy).map_err(proxy_err)?;
@@ -163,6 +177,18 @@ pub fn tls_config(config: &Config) -> Result<Arc<rustls::ClientConfig>, DialErro
     Ok(Arc::new(tls))
 }
 
+/// The WebSocket's limits on what it reads: no larger than the largest message the codec
+/// accepts ([`MAX_MESSAGE_BYTES`]: a binary shell frame at its payload cap; text frames
+/// stop at [`MAX_FRAME_BYTES`](crate::connect::frame::MAX_FRAME_BYTES), below it). A bigger message is refused by the socket as
+/// it arrives, before a buffer of the peer's choosing is allocated, and ends the
+/// connection (a peer sending one is broken or hostile). Writes are not limited: the
+/// snapshots the manager sends may be far larger.
+pub fn ws_config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(MAX_MESSAGE_BYTES))
+        .max_frame_size(Some(MAX_MESSAGE_BYTES))
+}
+
 /// Opens the WebSocket. `token` goes only into the `Authorization` header.
 pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
     let url = config.base_url.endpoint(true, "connect");
@@ -194,14 +220,10 @@ pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
             target: config.base_url.authority(),
             reason: "timed out".into(),
         })??;
-    // Twice the largest frame we accept: a snapshot may be big, a peer may not be huge.
-    let ws_config = WebSocketConfig::default()
-        .max_message_size(Some(MAX_FRAME_BYTES * 64))
-        .max_frame_size(Some(MAX_FRAME_BYTES * 64));
     let handshake = tokio_tungstenite::client_async_tls_with_config(
         request,
         stream,
-        Some(ws_config),
+        Some(ws_config()),
         Some(connector),
     );
     let Ok(result) = tokio::time::timeout(DIAL_TIMEOUT, handshake).await else {
@@ -258,6 +280,81 @@ mod tests {
         assert!(bypasses_proxy(Some("*"), "anything"));
         assert!(!bypasses_proxy(None, "anything"));
         assert!(!bypasses_proxy(Some(""), "anything"));
+    }
+
+    #[test]
+    fn reads_are_bounded_by_what_the_codec_accepts() {
+        let c = ws_config();
+        // The largest message the codec takes: a binary shell frame at its payload cap
+        // (a text frame is at most MAX_FRAME_BYTES, less than that).
+        assert_eq!(MAX_MESSAGE_BYTES, IO_HEADER_LEN + MAX_IO_PAYLOAD);
+        const { assert!(MAX_MESSAGE_BYTES >= MAX_FRAME_BYTES) };
+        assert_eq!(c.max_message_size, Some(MAX_MESSAGE_BYTES));
+        assert_eq!(c.max_frame_size, Some(MAX_MESSAGE_BYTES));
+    }
+
+    /// Through a real WebSocket over an in-memory pipe: one byte past the bound is refused
+    /// by the socket itself, before a buffer of the peer's choosing is allocated.
+    #[tokio::test]
+    async fn a_message_past_the_bound_is_refused_by_the_socket() {
+        use futures::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::Message;
+        use tokio_tungstenite::tungstenite::protocol::Role;
+        let (ours, theirs) = tokio::io::duplex(64 * 1024);
+        let mut ours =
+            WebSocketStream::from_raw_socket(ours, Role::Client, Some(ws_config())).await;
+        let mut theirs = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
+        let peer = tokio::spawn(async move {
+            for len in [MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES + 1] {
+                if theirs.send(Message::binary(vec![0u8; len])).await.is_err() {
+                    break;
+                }
+            }
+            theirs
+        });
+        let fits = ours.next().await.unwrap().unwrap();
+        assert_eq!(fits.len(), MAX_MESSAGE_BYTES);
+        let err = ours.next().await.unwrap().unwrap_err();
+        assert!(err.to_string().contains("too long"), "{err}");
+        drop(ours);
+        let _ = peer.await;
+    }
+
+    /// Credentials in `HTTPS_PROXY` are not supported for dialling (refused before any
+    /// connection), and the refusal never shows the password: it is one log line, and
+    /// the Lease's `autonomic.sh/link` annotation carries it too.
+    #[tokio::test]
+    async fn proxy_errors_never_show_the_password() {
+        for proxy in [
+            "http://user:s3cr3t@127.0.0.1:9",
+            "user:s3cr3t@127.0.0.1:9",
+            "https://user:s3cr3t@127.0.0.1:9",
+            "http://user:s3cr3t@[::1",
+            "http://s3cr3t@127.0.0.1:9",
+            "ftp://user:s3cr3t@proxy",
+        ] {
+            let config = Config::parse(|k| match k {
+                "HTTPS_PROXY" => Some(proxy.into()),
+                "AUTONOMIC_BASE_URL" => Some("https://cp.example.com".into()),
+                _ => None,
+            })
+            .unwrap();
+            assert!(!format!("{config:?}").contains("s3cr3t"), "{proxy}");
+            let err = tcp(&config).await.expect_err(proxy);
+            let shown = err.to_string();
+            assert!(matches!(err, DialError::Proxy { .. }), "{proxy}: {shown}");
+            assert!(!shown.contains("s3cr3t"), "{proxy}: {shown}");
+            assert!(!format!("{err:?}").contains("s3cr3t"), "{proxy}: {err:?}");
+            assert!(shown.contains("***"), "{proxy}: {shown}");
+        }
+        // The refusal says why.
+        let config = Config::parse(|k| {
+            (k == "HTTPS_PROXY").then(|| "http://user:s3cr3t@127.0.0.1:9".into())
+        })
+        .unwrap();
+        let shown = tcp(&config).await.unwrap_err().to_string();
+        assert!(shown.contains("credentials"), "{shown}");
+        assert!(shown.contains("http://user:***@127.0.0.1:9"), "{shown}");
     }
 
     #[test]

@@ -266,6 +266,16 @@ fn plan_of(action: PodAction, phase: AgentPhase, message: impl Into<String>) -> 
     }
 }
 
+/// Whether the Agent finished (`Succeeded` or `Failed`, which only `restartPolicy`
+/// `OnFailure` or `Never` reach) for its current generation: its pod is then never
+/// recreated, even when it goes away, until a spec change.
+pub fn finished(agent: &Agent) -> bool {
+    agent.status.as_ref().is_some_and(|s| {
+        matches!(s.phase, Some(AgentPhase::Succeeded | AgentPhase::Failed))
+            && s.observed_generation == agent.metadata.generation
+    })
+}
+
 /// Decides the pod action and the phase. `desired` is the pod the Agent should have or
 /// why it cannot have one; `current` is the pod named after the Agent, if any.
 pub fn plan(agent: &Agent, desired: &Result<Pod, String>, current: Option<&PodView>) -> Plan {
@@ -301,12 +311,8 @@ pub fn plan(agent: &Agent, desired: &Result<Pod, String>, current: Option<&PodVi
         return plan_of(action, Paused, "paused");
     }
     let status = agent.status.as_ref();
-    let finished = status.is_some_and(|s| {
-        matches!(s.phase, Some(Succeeded | Failed))
-            && s.observed_generation == agent.metadata.generation
-    });
     // A finished agent stays finished while its pod goes away, and is not restarted.
-    if finished && (owned.is_none() || terminating) {
+    if finished(agent) && (owned.is_none() || terminating) {
         let s = status.map(|s| (s.phase, s.message.clone()));
         let (phase, message) = s.unwrap_or_default();
         return plan_of(
