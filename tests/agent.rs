@@ -551,6 +551,20 @@ async fn deletion_requested_shows_terminating() {
     wait_gone(&agents, "leaving").await;
 }
 
+/// Every object's name and resourceVersion.
+async fn versions<K>(api: &Api<K>) -> Vec<(String, String)>
+where
+    K: Clone + kube::Resource + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| (o.name_any(), o.resource_version().unwrap_or_default()))
+        .collect()
+}
+
 /// Restarts change nothing that was steady: a fresh manager on a namespace whose Agent
 /// (using a Runtime, a Tool and a Memory) is Active writes no status, recreates no pod
 /// and emits no Event, three times in a row. Its workers wait for every watch's first
@@ -603,55 +617,11 @@ async fn restarts_change_nothing_that_was_steady() {
 
     // What "steady" is: every object's resourceVersion, and the Events so far.
     let snapshot = || async {
-        let rv = |o: &kube::api::ObjectMeta| {
-            (o.name.clone().unwrap(), o.resource_version.clone().unwrap())
-        };
-        let mut all: Vec<(String, String)> = Vec::new();
-        all.extend(
-            agents
-                .list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .map(|o| rv(&o.metadata)),
-        );
-        all.extend(
-            tools
-                .list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .map(|o| rv(&o.metadata)),
-        );
-        all.extend(
-            ns.api::<Runtime>()
-                .list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .map(|o| rv(&o.metadata)),
-        );
-        all.extend(
-            ns.api::<Memory>()
-                .list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .map(|o| rv(&o.metadata)),
-        );
-        all.extend(
-            ns.api::<Pod>()
-                .list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .map(|o| rv(&o.metadata)),
-        );
+        let mut all = versions(&agents).await;
+        all.extend(versions(&tools).await);
+        all.extend(versions(&ns.api::<Runtime>()).await);
+        all.extend(versions(&ns.api::<Memory>()).await);
+        all.extend(versions(&ns.api::<Pod>()).await);
         // The manager's own Events (the kubelet's about its pods are not ours to judge).
         let events: Vec<String> = ns
             .api::<Event>()
