@@ -2,6 +2,7 @@
 //! enough for kubelet probes and Prometheus scrapes.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -10,15 +11,82 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::reconcile::Context;
 
-/// Serves until the listener fails.
+/// Probe connections answered at once. Kubelet and Prometheus need a handful.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// A client that never finishes its request holds a slot at most this long.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The pause after a failed `accept` (e.g. EMFILE), so a descriptor shortage does not spin.
+pub const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// Serves forever: a failed `accept` is logged and retried, never fatal.
 pub async fn serve(listener: TcpListener, ctx: Arc<Context>) -> std::io::Result<()> {
+    serve_with(listener, ctx, MAX_CONNECTIONS, Arc::default()).await
+}
+
+/// [`serve`] with at most `limit` connections in progress, counted in `in_progress`.
+///
+/// Past the limit the server stops accepting until a slot frees, rather than accepting
+/// and closing at once: waiting connections stay in the kernel's backlog (bounded by the
+/// kernel, no descriptor and no task here), a slot frees within [`ANSWER_TIMEOUT`], and a
+/// kubelet probe that arrives during a flood is answered late instead of refused.
+async fn serve_with(
+    listener: TcpListener,
+    ctx: Arc<Context>,
+    limit: usize,
+    in_progress: Arc<AtomicUsize>,
+) -> std::io::Result<()> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limit.max(1)));
+    let mut burst = AcceptBurst::default();
     loop {
-        let (stream, _) = listener.accept().await?;
+        // Never closed, so this cannot fail.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            continue;
+        };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                if burst.failed() {
+                    tracing::warn!(%error, retry_ms = ACCEPT_RETRY.as_millis() as u64, "probe server cannot accept a connection; retrying");
+                }
+                drop(slot);
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
+        if let Some(errors) = burst.succeeded() {
+            tracing::info!(errors, "probe server accepting again");
+        }
         let ctx = ctx.clone();
+        let in_progress = in_progress.clone();
+        in_progress.fetch_add(1, Relaxed);
         tokio::spawn(async move {
-            // A client that never finishes its request must not hold a task forever.
-            let _ = tokio::time::timeout(Duration::from_secs(5), answer(stream, &ctx)).await;
+            // A client that never finishes its request must not hold a slot forever.
+            let _ = tokio::time::timeout(ANSWER_TIMEOUT, answer(stream, &ctx)).await;
+            in_progress.fetch_sub(1, Relaxed);
+            drop(slot);
         });
+    }
+}
+
+/// Failed accepts in a row: the first of a burst is logged, the rest only counted, so a
+/// descriptor shortage writes one line per burst, not ten a second.
+#[derive(Debug, Default)]
+struct AcceptBurst {
+    errors: u64,
+}
+
+impl AcceptBurst {
+    /// An accept failed: true when it is the first of a burst (log it).
+    fn failed(&mut self) -> bool {
+        self.errors += 1;
+        self.errors == 1
+    }
+
+    /// An accept succeeded: the length of the burst it ends, if any.
+    fn succeeded(&mut self) -> Option<u64> {
+        (self.errors > 0).then(|| std::mem::take(&mut self.errors))
     }
 }
 
@@ -166,4 +234,67 @@ fn metrics(ctx: &Context) -> String {
             ctx.tools.len() as f64,
         ),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn get(addr: std::net::SocketAddr, path: &str) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn held_connections_never_exceed_the_limit_and_livez_still_answers() {
+        const N: usize = 4;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let in_progress = Arc::new(AtomicUsize::new(0));
+        let server = tokio::spawn(serve_with(
+            listener,
+            crate::connect::test_context(),
+            N,
+            in_progress.clone(),
+        ));
+        // N + 10 clients connect and send nothing.
+        let mut held = Vec::new();
+        let mut peak = 0;
+        for _ in 0..N + 10 {
+            held.push(TcpStream::connect(addr).await.unwrap());
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            peak = peak.max(in_progress.load(Relaxed));
+        }
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            peak = peak.max(in_progress.load(Relaxed));
+        }
+        assert_eq!(peak, N, "connections in progress");
+        drop(held);
+        let answer = get(addr, "/livez").await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+        assert!(answer.ends_with("ok\n"), "{answer}");
+        assert!(!server.is_finished());
+        server.abort();
+    }
+
+    /// EMFILE cannot be provoked portably without raising the process's descriptor
+    /// limit, so the loop's decision is tested here: after an error the loop sleeps and
+    /// goes on (it has no path that returns), and logs once per burst.
+    #[test]
+    fn accept_errors_log_once_per_burst() {
+        let mut burst = AcceptBurst::default();
+        assert_eq!(burst.succeeded(), None);
+        assert!(burst.failed());
+        assert!(!burst.failed());
+        assert!(!burst.failed());
+        assert_eq!(burst.succeeded(), Some(3));
+        assert_eq!(burst.succeeded(), None);
+        assert!(burst.failed(), "a new burst logs again");
+    }
 }
