@@ -7,6 +7,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::reconcile::common::cap_utf8_marked;
+
 /// The WebSocket subprotocol the manager asks for.
 pub const SUBPROTOCOL: &str = "autonomic.v1";
 
@@ -531,7 +533,7 @@ pub fn decode(text: &str) -> Result<Option<Frame>, DecodeError> {
         .then(|| PartialIoOpen::read(&object))
         .flatten();
     serde_json::from_value(Value::Object(object))
-        .map(Some)
+        .map(|f: Frame| Some(f.bound_strings()))
         .map_err(|e| {
             let message = short(e.to_string());
             match io_open {
@@ -548,15 +550,84 @@ pub fn decode(text: &str) -> Result<Option<Frame>, DecodeError> {
 }
 
 fn short(mut s: String) -> String {
-    if s.len() > MAX_ERROR_MESSAGE {
-        let mut end = MAX_ERROR_MESSAGE;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push('…');
-    }
+    cap_utf8_marked(&mut s, MAX_ERROR_MESSAGE);
     s
+}
+
+/// Longest identifier from the control plane kept: `actor`, `session_id`, ids and the
+/// names of a target. Longer ones are cut (with a mark) at decode, so logs and audit
+/// events never carry a peer's megabyte.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// Longest free text from the control plane kept: `reason`, `message`.
+pub const MAX_TEXT_BYTES: usize = 1024;
+
+fn cap_id(s: &mut String) {
+    cap_utf8_marked(s, MAX_ID_BYTES);
+}
+
+fn cap_text(s: &mut String) {
+    cap_utf8_marked(s, MAX_TEXT_BYTES);
+}
+
+impl Frame {
+    /// Cuts every peer string that reaches logs or audit events to [`MAX_ID_BYTES`] or
+    /// [`MAX_TEXT_BYTES`]. An `io_open`'s `command` is left whole: it is what runs (the
+    /// frame limit bounds it), and the audit log bounds its copy.
+    fn bound_strings(mut self) -> Frame {
+        match &mut self {
+            Frame::Welcome(w) => cap_id(&mut w.deployment_id),
+            Frame::Heartbeat(h) => cap_id(&mut h.sent_at),
+            Frame::Control(c) => {
+                for s in [
+                    &mut c.id,
+                    &mut c.actor,
+                    &mut c.target.kind,
+                    &mut c.target.namespace,
+                    &mut c.target.name,
+                ] {
+                    cap_id(s);
+                }
+            }
+            Frame::ControlResult(r) => {
+                cap_id(&mut r.id);
+                if let Some(e) = &mut r.error {
+                    cap_text(e);
+                }
+            }
+            Frame::IoOpen(o) => {
+                for s in [
+                    &mut o.session_id,
+                    &mut o.actor,
+                    &mut o.target.namespace,
+                    &mut o.target.agent,
+                    &mut o.target.container,
+                ] {
+                    cap_id(s);
+                }
+            }
+            Frame::IoClose(c) => {
+                if let Some(r) = &mut c.reason {
+                    cap_text(r);
+                }
+            }
+            Frame::Error(e) => {
+                cap_id(&mut e.code);
+                cap_text(&mut e.message);
+                if let Some(r) = &mut e.reference {
+                    cap_id(r);
+                }
+            }
+            Frame::Hello(_)
+            | Frame::Snapshot(_)
+            | Frame::Delta(_)
+            | Frame::Resync
+            | Frame::IoOpened(_)
+            | Frame::IoResize(_)
+            | Frame::Audit(_) => {}
+        }
+        self
+    }
 }
 
 /// Which pipe of an exec a binary message belongs to (§6).
@@ -1207,6 +1278,89 @@ mod tests {
         // Cutting never splits a character.
         let wide = "é".repeat(MAX_ERROR_MESSAGE);
         assert!(short(wide).ends_with("é…"));
+    }
+
+    /// A peer string just under the frame limit, of `unit` repeated, shifted by `lead`
+    /// ASCII bytes so the cut falls inside a multi-byte character.
+    fn huge(unit: &str, lead: usize) -> String {
+        let n = (MAX_FRAME_BYTES - 4096) / unit.len() / 3;
+        format!("{}{}", "a".repeat(lead), unit.repeat(n))
+    }
+
+    /// `got` is a cut of `want`: at most `max` bytes, marked, and a prefix of it.
+    fn assert_cut(got: &str, want: &str, max: usize) {
+        use crate::reconcile::common::CUT_MARK;
+        assert!(got.len() <= max, "{} > {max}", got.len());
+        let kept = got.strip_suffix(CUT_MARK).expect("a visible mark");
+        assert!(want.starts_with(kept));
+        assert!(kept.len() + CUT_MARK.len() + 4 > max, "cut too short");
+    }
+
+    #[test]
+    fn peer_strings_are_bounded_at_decode() {
+        for (unit, lead) in [("x", 0), ("é", 1), ("€", 1), ("€", 2), ("🦀", 3)] {
+            let big = huge(unit, lead);
+            let text = encode(&Frame::Control(Control {
+                id: big.clone(),
+                action: ControlAction::Restart,
+                target: ControlTarget {
+                    kind: "Agent".into(),
+                    namespace: "n".into(),
+                    name: big.clone(),
+                },
+                actor: big.clone(),
+            }));
+            let Some(Frame::Control(c)) = decode(&text).unwrap() else {
+                panic!("a control frame");
+            };
+            for s in [&c.id, &c.actor, &c.target.name] {
+                assert_cut(s, &big, MAX_ID_BYTES);
+            }
+            assert_eq!(c.target.namespace, "n");
+
+            let text = encode(&Frame::IoOpen(IoOpen {
+                channel: 1,
+                session_id: big.clone(),
+                actor: big.clone(),
+                target: IoTarget {
+                    namespace: big.clone(),
+                    agent: "a".into(),
+                    container: "runtime".into(),
+                },
+                command: vec!["sh".into()],
+                tty: false,
+                cols: None,
+                rows: None,
+            }));
+            let Some(Frame::IoOpen(o)) = decode(&text).unwrap() else {
+                panic!("an io_open frame");
+            };
+            for s in [&o.session_id, &o.actor, &o.target.namespace] {
+                assert_cut(s, &big, MAX_ID_BYTES);
+            }
+
+            let text = encode(&Frame::IoClose(IoClose {
+                channel: 1,
+                exit_code: None,
+                reason: Some(big.clone()),
+            }));
+            let Some(Frame::IoClose(c)) = decode(&text).unwrap() else {
+                panic!("an io_close frame");
+            };
+            assert_cut(c.reason.as_deref().unwrap(), &big, MAX_TEXT_BYTES);
+
+            let text = encode(&Frame::Error(ErrorFrame {
+                code: big.clone(),
+                message: big.clone(),
+                reference: Some(big.clone()),
+            }));
+            let Some(Frame::Error(e)) = decode(&text).unwrap() else {
+                panic!("an error frame");
+            };
+            assert_cut(&e.code, &big, MAX_ID_BYTES);
+            assert_cut(&e.message, &big, MAX_TEXT_BYTES);
+            assert_cut(e.reference.as_deref().unwrap(), &big, MAX_ID_BYTES);
+        }
     }
 
     #[test]

@@ -303,6 +303,23 @@ pub fn cap_utf8(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
+/// What [`cap_utf8_marked`] puts where it cut.
+pub const CUT_MARK: &str = "…";
+
+/// Cuts `s` to at most `max` bytes on a character boundary, the last three of them a
+/// visible [`CUT_MARK`] when anything was cut. For strings from peers that reach logs,
+/// audit events and frames.
+pub fn cap_utf8_marked(s: &mut String, max: usize) {
+    if s.len() <= max {
+        return;
+    }
+    let keep = cap_utf8(s, max.saturating_sub(CUT_MARK.len())).len();
+    s.truncate(keep);
+    if s.len() + CUT_MARK.len() <= max {
+        s.push_str(CUT_MARK);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -399,6 +416,28 @@ mod tests {
     fn cap_utf8_respects_char_boundaries() {
         assert_eq!(cap_utf8("héllo", 2), "h");
         assert_eq!(cap_utf8("abc", 10), "abc");
+    }
+
+    #[test]
+    fn cap_utf8_marked_table() {
+        // (input, max, output): the output is at most `max` bytes and never splits a
+        // character; the mark shows where something was cut.
+        let table = [
+            ("abc", 3, "abc"),
+            ("abcd", 3, "…"),
+            ("abcdef", 5, "ab…"),
+            ("héllo", 5, "h…"),
+            ("€€€", 8, "€…"),
+            ("🦀🦀", 7, "🦀…"),
+            ("🦀🦀", 6, "…"),
+            ("abcd", 2, ""),
+        ];
+        for (input, max, want) in table {
+            let mut s = input.to_owned();
+            cap_utf8_marked(&mut s, max);
+            assert_eq!((input, max, s.as_str()), (input, max, want));
+            assert!(s.len() <= max);
+        }
     }
 
     #[test]
