@@ -7,10 +7,48 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use tokio::sync::Notify;
 
-use crate::connect::frame::AuditEvent;
+use crate::connect::frame::{AuditEvent, MAX_ID_BYTES, MAX_TEXT_BYTES};
+use crate::reconcile::common::{CUT_MARK, cap_utf8_marked};
 
 /// At least the spec's 10 000.
 pub const QUEUE_CAPACITY: usize = 10_000;
+
+/// Arguments of a command kept in an audit event; more are replaced by one [`CUT_MARK`].
+pub const MAX_COMMAND_ARGS: usize = 32;
+
+/// Cuts an event's strings so that it is bounded whatever its source: identifiers
+/// (actor, session id, target names) to [`MAX_ID_BYTES`], free text (reason, each
+/// command argument) to [`MAX_TEXT_BYTES`], the command to [`MAX_COMMAND_ARGS`]
+/// arguments. An event is then at most about 40 KiB of JSON. The frame decoder already
+/// cuts what the control plane sends; this also covers what the manager adds.
+pub fn bound(event: &mut AuditEvent) {
+    let id = |s: &mut String| cap_utf8_marked(s, MAX_ID_BYTES);
+    let text = |s: &mut String| cap_utf8_marked(s, MAX_TEXT_BYTES);
+    id(&mut event.id);
+    id(&mut event.time);
+    id(&mut event.actor);
+    let t = &mut event.target;
+    for s in [&mut t.kind, &mut t.namespace, &mut t.name] {
+        id(s);
+    }
+    for s in [&mut event.session_id, &mut t.pod, &mut t.container]
+        .into_iter()
+        .flatten()
+    {
+        id(s);
+    }
+    let d = &mut event.detail;
+    if let Some(reason) = &mut d.reason {
+        text(reason);
+    }
+    if let Some(command) = &mut d.command {
+        if command.len() > MAX_COMMAND_ARGS {
+            command.truncate(MAX_COMMAND_ARGS - 1);
+            command.push(CUT_MARK.to_owned());
+        }
+        command.iter_mut().for_each(text);
+    }
+}
 
 pub struct AuditLog {
     queue: Mutex<VecDeque<AuditEvent>>,
@@ -38,8 +76,9 @@ impl AuditLog {
         }
     }
 
-    /// Logs the event and queues it for the control plane.
-    pub fn record(&self, event: AuditEvent) {
+    /// Logs the event and queues it for the control plane, both [`bound`]ed.
+    pub fn record(&self, mut event: AuditEvent) {
+        bound(&mut event);
         tracing::info!(
             target: "audit",
             id = %event.id,
@@ -140,6 +179,90 @@ mod tests {
                 container: None,
             },
             detail: AuditDetail::default(),
+        }
+    }
+
+    /// A `Write` into a shared buffer, for a JSON subscriber's output.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The `fields` of each JSON log line `f` writes with target `audit`.
+    fn audit_lines(f: impl FnOnce()) -> Vec<serde_json::Map<String, serde_json::Value>> {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|l| l["target"] == "audit")
+            .map(|l| l["fields"].as_object().unwrap().clone())
+            .collect()
+    }
+
+    /// `got` is a marked cut of `want` of at most `max` bytes.
+    fn assert_cut(got: &str, want: &str, max: usize) {
+        assert!(got.len() <= max, "{} > {max}", got.len());
+        let kept = got.strip_suffix(CUT_MARK).expect("a visible mark");
+        assert!(want.starts_with(kept));
+        assert!(kept.len() + CUT_MARK.len() + 4 > max, "cut too short");
+    }
+
+    #[test]
+    fn megabyte_strings_are_bounded_in_the_event_and_the_log_line() {
+        // The lead byte puts each cut inside a multi-byte character.
+        for (unit, lead) in [("x", 0), ("é", 1), ("€", 1), ("€", 2), ("🦀", 3)] {
+            let big = format!(
+                "{}{}",
+                "a".repeat(lead),
+                unit.repeat((1 << 20) / unit.len())
+            );
+            let mut e = event(0);
+            e.action = AuditAction::SessionClose;
+            e.actor = big.clone();
+            e.session_id = Some(big.clone());
+            e.target.pod = Some(big.clone());
+            e.target.container = Some(big.clone());
+            e.detail.reason = Some(big.clone());
+            e.detail.command = Some(vec![big.clone(); MAX_COMMAND_ARGS + 8]);
+            let log = AuditLog::default();
+            let lines = audit_lines(|| log.record(e));
+            let e = log.drain().pop().unwrap();
+            assert_cut(&e.actor, &big, MAX_ID_BYTES);
+            assert_cut(e.session_id.as_deref().unwrap(), &big, MAX_ID_BYTES);
+            assert_cut(e.target.pod.as_deref().unwrap(), &big, MAX_ID_BYTES);
+            assert_cut(e.target.container.as_deref().unwrap(), &big, MAX_ID_BYTES);
+            assert_cut(e.detail.reason.as_deref().unwrap(), &big, MAX_TEXT_BYTES);
+            let command = e.detail.command.as_deref().unwrap();
+            assert_eq!(command.len(), MAX_COMMAND_ARGS);
+            assert_eq!(command.last().unwrap(), CUT_MARK);
+            for arg in &command[..MAX_COMMAND_ARGS - 1] {
+                assert_cut(arg, &big, MAX_TEXT_BYTES);
+            }
+            assert!(serde_json::to_string(&e).unwrap().len() < 40 << 10);
+
+            let [line] = &lines[..] else {
+                panic!("one audit line, got {lines:?}");
+            };
+            assert_cut(line["actor"].as_str().unwrap(), &big, MAX_ID_BYTES);
+            let detail: AuditDetail =
+                serde_json::from_str(line["detail"].as_str().unwrap()).unwrap();
+            assert_eq!(detail, e.detail);
+            let text = serde_json::to_string(line).unwrap();
+            assert!(text.len() < 40 << 10, "a log line of {} bytes", text.len());
         }
     }
 
