@@ -84,9 +84,13 @@ impl AuditLog {
             id = %event.id,
             action = %event.action.as_str(),
             actor = %event.actor,
+            // Absent from the line where the event has none (control events).
+            session_id = event.session_id.as_deref(),
             kind = %event.target.kind,
             namespace = %event.target.namespace,
             name = %event.target.name,
+            pod = event.target.pod.as_deref(),
+            container = event.target.container.as_deref(),
             detail = %serde_json::to_string(&event.detail).unwrap_or_default(),
             "audit"
         );
@@ -257,12 +261,50 @@ mod tests {
             let [line] = &lines[..] else {
                 panic!("one audit line, got {lines:?}");
             };
-            assert_cut(line["actor"].as_str().unwrap(), &big, MAX_ID_BYTES);
+            for name in ["actor", "session_id", "pod", "container"] {
+                assert_cut(line[name].as_str().unwrap(), &big, MAX_ID_BYTES);
+            }
             let detail: AuditDetail =
                 serde_json::from_str(line["detail"].as_str().unwrap()).unwrap();
             assert_eq!(detail, e.detail);
             let text = serde_json::to_string(line).unwrap();
             assert!(text.len() < 40 << 10, "a log line of {} bytes", text.len());
+        }
+    }
+
+    #[test]
+    fn the_log_line_names_the_session_pod_and_container_when_known() {
+        let log = AuditLog::default();
+        let mut session = event(1);
+        session.action = AuditAction::SessionOpen;
+        session.actor = "ada@example.com".into();
+        session.session_id = Some("s-1".into());
+        session.target.pod = Some("x-0".into());
+        session.target.container = Some("runtime".into());
+        let lines = audit_lines(|| {
+            log.record(session);
+            log.record(event(2));
+        });
+        let [session, control] = &lines[..] else {
+            panic!("two audit lines, got {lines:?}");
+        };
+        let field = |line: &serde_json::Map<_, _>, name: &str| {
+            line.get(name)
+                .and_then(|v: &serde_json::Value| v.as_str())
+                .map(str::to_owned)
+        };
+        for (name, want) in [
+            ("action", "session.open"),
+            ("actor", "ada@example.com"),
+            ("session_id", "s-1"),
+            ("pod", "x-0"),
+            ("container", "runtime"),
+        ] {
+            assert_eq!(field(session, name).as_deref(), Some(want), "{name}");
+        }
+        assert_eq!(field(control, "action").as_deref(), Some("control.done"));
+        for absent in ["session_id", "pod", "container"] {
+            assert!(!control.contains_key(absent), "{absent} in {control:?}");
         }
     }
 
