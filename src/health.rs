@@ -25,6 +25,17 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>) -> std::io::Result<
     serve_with(listener, ctx, MAX_CONNECTIONS, Arc::default()).await
 }
 
+/// Where connections come from: the listener, or in tests one that fails on demand.
+trait Accept {
+    fn accept_one(&self) -> impl Future<Output = std::io::Result<TcpStream>> + Send;
+}
+
+impl Accept for TcpListener {
+    async fn accept_one(&self) -> std::io::Result<TcpStream> {
+        self.accept().await.map(|(stream, _)| stream)
+    }
+}
+
 /// [`serve`] with at most `limit` connections in progress, counted in `in_progress`.
 ///
 /// Past the limit the server stops accepting until a slot frees, rather than accepting
@@ -32,7 +43,7 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>) -> std::io::Result<
 /// kernel, no descriptor and no task here), a slot frees within [`ANSWER_TIMEOUT`], and a
 /// kubelet probe that arrives during a flood is answered late instead of refused.
 async fn serve_with(
-    listener: TcpListener,
+    listener: impl Accept,
     ctx: Arc<Context>,
     limit: usize,
     in_progress: Arc<AtomicUsize>,
@@ -44,8 +55,8 @@ async fn serve_with(
         let Ok(slot) = slots.clone().acquire_owned().await else {
             continue;
         };
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let stream = match listener.accept_one().await {
+            Ok(stream) => stream,
             Err(error) => {
                 if burst.failed() {
                     tracing::warn!(%error, retry_ms = ACCEPT_RETRY.as_millis() as u64, "probe server cannot accept a connection; retrying");
@@ -283,9 +294,46 @@ mod tests {
         server.abort();
     }
 
-    /// EMFILE cannot be provoked portably without raising the process's descriptor
-    /// limit, so the loop's decision is tested here: after an error the loop sleeps and
-    /// goes on (it has no path that returns), and logs once per burst.
+    /// A listener whose first `failures` accepts fail as if out of descriptors.
+    struct Failing {
+        listener: TcpListener,
+        failures: AtomicUsize,
+    }
+
+    impl Accept for Failing {
+        async fn accept_one(&self) -> std::io::Result<TcpStream> {
+            let left = self.failures.load(Relaxed);
+            if left > 0 {
+                self.failures.store(left - 1, Relaxed);
+                return Err(std::io::Error::other("Too many open files (os error 24)"));
+            }
+            self.listener.accept_one().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn accept_errors_do_not_end_serve_and_pause_between_retries() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let start = tokio::time::Instant::now();
+        let server = tokio::spawn(serve_with(
+            Failing {
+                listener,
+                failures: AtomicUsize::new(3),
+            },
+            crate::connect::test_context(),
+            MAX_CONNECTIONS,
+            Arc::default(),
+        ));
+        let answer = get(addr, "/livez").await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+        assert!(!server.is_finished(), "serve ended: {:?}", server.await);
+        // Three failures, each followed by a pause: no spinning.
+        assert!(start.elapsed() >= 3 * ACCEPT_RETRY, "{:?}", start.elapsed());
+        server.abort();
+    }
+
+    /// Failed accepts are logged once per burst, and a success ends the burst.
     #[test]
     fn accept_errors_log_once_per_burst() {
         let mut burst = AcceptBurst::default();
