@@ -303,14 +303,35 @@ pub fn chart_identity(home: &str, watch: &[&str]) -> PathBuf {
         .and_then(|d| d["metadata"]["name"].as_str())
         .unwrap()
         .to_owned();
-    let token = run_ok(Command::new("kubectl").args([
-        "-n",
-        home,
-        "create",
-        "token",
-        &sa,
-        "--duration=12h",
-    ]));
+    // TokenRequest through the raw API: any kubectl version can send it (`kubectl create
+    // token` needs 1.24 or newer on the client).
+    let request = serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 43200},
+    });
+    let (ok, out) = kubectl(
+        &[
+            "create",
+            "--raw",
+            &format!("/api/v1/namespaces/{home}/serviceaccounts/{sa}/token"),
+            "-f",
+            "-",
+        ],
+        Some(&request.to_string()),
+    );
+    assert!(ok, "TokenRequest for {home}/{sa} failed:\n{out}");
+    // kubectl may add warnings (version skew) around the JSON.
+    let json = out
+        .find('{')
+        .zip(out.rfind('}'))
+        .map_or("", |(a, b)| &out[a..=b]);
+    let answer: serde_json::Value = serde_json::from_str(json)
+        .unwrap_or_else(|e| panic!("TokenRequest answer is not JSON ({e}):\n{out}"));
+    let token = answer["status"]["token"]
+        .as_str()
+        .expect("a token in the TokenRequest answer")
+        .to_owned();
     let view = |path: &str| {
         run_ok(Command::new("kubectl").args([
             "config",
