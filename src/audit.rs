@@ -217,13 +217,7 @@ mod tests {
             .collect()
     }
 
-    /// `got` is a marked cut of `want` of at most `max` bytes.
-    fn assert_cut(got: &str, want: &str, max: usize) {
-        assert!(got.len() <= max, "{} > {max}", got.len());
-        let kept = got.strip_suffix(CUT_MARK).expect("a visible mark");
-        assert!(want.starts_with(kept));
-        assert!(kept.len() + CUT_MARK.len() + 4 > max, "cut too short");
-    }
+    use crate::reconcile::common::assert_cut;
 
     #[test]
     fn megabyte_strings_are_bounded_in_the_event_and_the_log_line() {

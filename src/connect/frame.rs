@@ -1287,14 +1287,7 @@ mod tests {
         format!("{}{}", "a".repeat(lead), unit.repeat(n))
     }
 
-    /// `got` is a cut of `want`: at most `max` bytes, marked, and a prefix of it.
-    fn assert_cut(got: &str, want: &str, max: usize) {
-        use crate::reconcile::common::CUT_MARK;
-        assert!(got.len() <= max, "{} > {max}", got.len());
-        let kept = got.strip_suffix(CUT_MARK).expect("a visible mark");
-        assert!(want.starts_with(kept));
-        assert!(kept.len() + CUT_MARK.len() + 4 > max, "cut too short");
-    }
+    use crate::reconcile::common::assert_cut;
 
     #[test]
     fn peer_strings_are_bounded_at_decode() {

@@ -320,6 +320,16 @@ pub fn cap_utf8_marked(s: &mut String, max: usize) {
     }
 }
 
+/// In tests: `got` is a marked cut of `want`, at most `max` bytes, a prefix of it, and
+/// not shorter than a character boundary forces.
+#[cfg(test)]
+pub(crate) fn assert_cut(got: &str, want: &str, max: usize) {
+    assert!(got.len() <= max, "{} > {max}", got.len());
+    let kept = got.strip_suffix(CUT_MARK).expect("a visible mark");
+    assert!(want.starts_with(kept));
+    assert!(kept.len() + CUT_MARK.len() + 4 > max, "cut too short");
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
