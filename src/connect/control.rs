@@ -1,6 +1,8 @@
 //! `control` frames: restart, pause, resume, delete of Agents and Tools (PROTOCOL.md §3).
 //! Anything else, or a target outside what the manager reconciles, is refused.
 
+use std::time::Duration;
+
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
@@ -12,10 +14,21 @@ use crate::connect::frame::{
 use crate::crd::{Agent, Kind, Tool};
 use crate::reconcile::{Context, agent, common, tool};
 
+/// How long one `control` may wait for the API server before it is answered `ok: false`.
+pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The `control_result` error of a request the API server did not answer in time (the
+/// action may or may not have been applied).
+pub const TIMED_OUT: &str = "the API server did not answer in time";
+
 /// Carries out `c`, logs and audits it (before anything is sent, so a failed send cannot
 /// lose the record), and returns the `control_result` to send.
 pub async fn answer(ctx: &Context, c: Control) -> Frame {
-    let outcome = execute(ctx, &c).await;
+    // A stalled API server must not hold a request (and its slot) forever.
+    let outcome = match tokio::time::timeout(CONTROL_TIMEOUT, execute(ctx, &c)).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(TIMED_OUT.to_owned()),
+    };
     let ok = outcome.is_ok();
     tracing::info!(id = %c.id, action = ?c.action, kind = %c.target.kind, namespace = %c.target.namespace, name = %c.target.name, ok, "control");
     ctx.link.audit.record(AuditEvent {

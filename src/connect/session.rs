@@ -6,9 +6,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
+use futures::future::BoxFuture;
+use futures::{FutureExt, SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -19,7 +21,7 @@ use super::frame::{self, Frame};
 use super::shell::{Outgoing, Reply, Shells};
 use super::{Link, wire};
 use crate::audit::now_rfc3339;
-use crate::connect::frame::{Delta, ErrorFrame, Heartbeat};
+use crate::connect::frame::{Control, ControlResult, Delta, ErrorFrame, Heartbeat};
 use crate::reconcile::Context;
 
 /// How a session ended, which decides the wait before the next dial.
@@ -28,7 +30,8 @@ pub enum End {
     Shutdown,
     /// The control plane closed the socket with this code and reason.
     Closed(u16, String),
-    /// Nothing arrived for 3 heartbeat intervals.
+    /// Nothing arrived for 3 heartbeat intervals, or a frame could not be written
+    /// within that bound (a peer that stopped reading, a half-open connection).
     Dead,
     /// The socket failed or ended without a close frame.
     Dropped(String),
@@ -43,6 +46,24 @@ const COALESCE: Duration = Duration::from_millis(100);
 /// 3 s in all, 2 s when the Lease is lost; the kill exec takes about 0.1 s).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
+/// At most this many `control` requests run at once; past that one is answered
+/// `ok: false` at once.
+const MAX_CONTROLS: usize = 8;
+
+/// Carries out a `control` and gives the `control_result` to send (a seam for tests).
+type Answer = fn(Arc<Context>, Control) -> BoxFuture<'static, Frame>;
+
+fn answer_control(ctx: Arc<Context>, c: Control) -> BoxFuture<'static, Frame> {
+    async move { super::control::answer(&ctx, c).await }.boxed()
+}
+
+/// The bound on writing one message: the dead-connection bound of §4.5 (3 heartbeat
+/// intervals; the default interval until a `welcome` sets it). A socket that takes no
+/// bytes for that long is as dead as one that sends none.
+fn write_bound(heartbeat: Duration) -> Duration {
+    heartbeat.saturating_mul(3)
+}
+
 /// What a session runs over: the dialled socket, or an in-memory pipe in tests.
 pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for T {}
@@ -54,6 +75,14 @@ struct Conn<'a, S> {
     shells: Shells,
     /// When the last ping left, for the round-trip gauge.
     ping_sent: Option<Instant>,
+    /// `control` requests in flight, each its own task: a stalled API call does not
+    /// stop the socket loop.
+    controls: JoinSet<Frame>,
+    answer: Answer,
+    /// How long one message may take to be written before the session is dead.
+    write_bound: Duration,
+    /// Honoured while a write is blocked, too.
+    shutdown: watch::Receiver<bool>,
 }
 
 impl<S: Transport> Conn<'_, S> {
@@ -69,10 +98,18 @@ impl<S: Transport> Conn<'_, S> {
         self.link()
             .bytes_sent
             .fetch_add(message.len() as u64, Relaxed);
-        self.ws
-            .send(message)
-            .await
-            .map_err(|e| End::Dropped(format!("send failed: {e}")))
+        let bound = self.write_bound;
+        let mut shutdown = self.shutdown.clone();
+        tokio::select! {
+            sent = tokio::time::timeout(bound, self.ws.send(message)) => match sent {
+                Ok(sent) => sent.map_err(|e| End::Dropped(format!("send failed: {e}"))),
+                Err(_) => {
+                    tracing::warn!(bound_s = bound.as_secs(), "the control plane took no bytes within the bound: reconnecting");
+                    Err(End::Dead)
+                }
+            },
+            _ = shutdown.wait_for(|stop| *stop) => Err(End::Shutdown),
+        }
     }
 
     async fn reply(&mut self, reply: Reply, reference: &str) -> Result<(), End> {
@@ -161,8 +198,19 @@ impl<S: Transport> Conn<'_, S> {
             Frame::Heartbeat(_) | Frame::Welcome(_) => Ok(()),
             Frame::Resync => self.snapshot().await,
             Frame::Control(c) => {
-                let result = super::control::answer(self.ctx, c).await;
-                self.send(&result).await
+                if self.controls.len() >= MAX_CONTROLS {
+                    tracing::warn!(id = %c.id, "too many control requests in flight: refused");
+                    let busy = Frame::ControlResult(ControlResult {
+                        id: c.id,
+                        ok: false,
+                        error: Some(format!(
+                            "{MAX_CONTROLS} control requests are already in progress"
+                        )),
+                    });
+                    return self.send(&busy).await;
+                }
+                self.controls.spawn((self.answer)(self.ctx.clone(), c));
+                Ok(())
             }
             Frame::IoOpen(o) => {
                 let reply = self.shells.open(self.ctx, o);
@@ -277,12 +325,27 @@ pub async fn run<S: Transport>(
     shutdown: &mut watch::Receiver<bool>,
     on_welcome: impl FnOnce(bool),
 ) -> End {
+    run_with(ctx, ws, hello, shutdown, on_welcome, answer_control).await
+}
+
+async fn run_with<S: Transport>(
+    ctx: &Arc<Context>,
+    ws: WebSocketStream<S>,
+    hello: Frame,
+    shutdown: &mut watch::Receiver<bool>,
+    on_welcome: impl FnOnce(bool),
+    answer: Answer,
+) -> End {
     let mut conn = Conn {
         ws,
         seq: 0,
         ctx,
         shells: Shells::default(),
         ping_sent: None,
+        controls: JoinSet::new(),
+        answer,
+        write_bound: write_bound(frame::Welcome::defaults().heartbeat_interval()),
+        shutdown: shutdown.clone(),
     };
     let end = match drive(&mut conn, hello, shutdown, on_welcome).await {
         Ok(()) | Err(End::Shutdown) => {
@@ -346,10 +409,11 @@ async fn drive<S: Transport>(
             w
         }
     };
+    let heartbeat = welcome.heartbeat_interval();
+    conn.write_bound = write_bound(heartbeat);
     conn.snapshot().await?;
     conn.flush_audit().await?;
 
-    let heartbeat = welcome.heartbeat_interval();
     let mut heartbeat_tick = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
     let snapshot_every = welcome.snapshot_interval();
     let mut snapshot_tick =
@@ -411,6 +475,10 @@ async fn drive<S: Transport>(
                 }
             }
             _ = snapshot_tick.tick() => conn.snapshot().await?,
+            Some(done) = conn.controls.join_next(), if !conn.controls.is_empty() => match done {
+                Ok(result) => conn.send(&result).await?,
+                Err(e) => tracing::warn!(error = %e, "a control request failed"),
+            },
         }
     }
 }
@@ -441,9 +509,22 @@ mod tests {
         Arc<Mutex<Vec<bool>>>,
         tokio::task::JoinHandle<End>,
     ) {
+        start_with(1 << 20, answer_control).await
+    }
+
+    /// As [`start`], with a pipe of `buffer` bytes each way and `answer` for `control`.
+    async fn start_with(
+        buffer: usize,
+        answer: Answer,
+    ) -> (
+        Peer,
+        watch::Sender<bool>,
+        Arc<Mutex<Vec<bool>>>,
+        tokio::task::JoinHandle<End>,
+    ) {
         let ctx = crate::connect::test_context();
         assert_eq!(ctx.config.welcome_timeout, Duration::from_secs(10));
-        let (ours, theirs) = tokio::io::duplex(1 << 20);
+        let (ours, theirs) = tokio::io::duplex(buffer);
         let ws = WebSocketStream::from_raw_socket(ours, Role::Client, None).await;
         let cp = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
         let (stop, mut stopping) = watch::channel(false);
@@ -451,10 +532,8 @@ mod tests {
         let seen = established.clone();
         let hello = Frame::Resync; // any frame: the session sends it first
         let task = tokio::spawn(async move {
-            run(&ctx, ws, hello, &mut stopping, move |welcomed| {
-                seen.lock().unwrap().push(welcomed)
-            })
-            .await
+            let on_welcome = move |welcomed| seen.lock().unwrap().push(welcomed);
+            run_with(&ctx, ws, hello, &mut stopping, on_welcome, answer).await
         });
         (cp, stop, established, task)
     }
@@ -566,5 +645,135 @@ mod tests {
         assert!(!silent_too_long(Instant::now(), Instant::now(), heartbeat));
         // A huge interval from the peer cannot overflow.
         assert!(!silent_too_long(last_rx, Instant::now(), Duration::MAX));
+    }
+
+    const WELCOME_2S: &str = r#"{"type":"welcome","deployment_id":"d","heartbeat_interval_s":2}"#;
+
+    /// A session whose peer reads `hello`, sends a welcome (heartbeat 2 s, so the write
+    /// bound is 6 s) and then reads nothing more, over a pipe too small for the snapshot.
+    async fn stalled_writer() -> (Peer, watch::Sender<bool>, tokio::task::JoinHandle<End>) {
+        let (mut cp, stop, _, task) = start_with(16, answer_control).await;
+        assert_eq!(next_frame(&mut cp).await, Frame::Resync);
+        cp.send(Message::text(WELCOME_2S)).await.unwrap();
+        (cp, stop, task)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_stops_reading_ends_the_session_as_dead_within_the_bound() {
+        let (cp, _stop, task) = stalled_writer().await;
+        let welcomed_at = Instant::now();
+        // The snapshot cannot be written: dead after the bound (3 × 2 s), plus the
+        // 0.9 s the close may take (it cannot be written either), not never.
+        let end = tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("the session hangs on a blocked write")
+            .unwrap();
+        assert_eq!(end, End::Dead);
+        assert_eq!(
+            Instant::now() - welcomed_at,
+            Duration::from_secs(6) + Duration::from_millis(900)
+        );
+        drop(cp);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_is_honoured_while_a_write_is_blocked() {
+        let (cp, stop, task) = stalled_writer().await;
+        let welcomed_at = Instant::now();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.send(true).unwrap();
+        let end = tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("the session hangs on a blocked write")
+            .unwrap();
+        assert_eq!(end, End::Shutdown);
+        // At once, but for the bounded close (0.9 s).
+        assert_eq!(
+            Instant::now() - welcomed_at,
+            Duration::from_secs(1) + Duration::from_millis(900)
+        );
+        drop(cp);
+    }
+
+    /// An API server that never answers.
+    fn stalled_answer(_: Arc<Context>, _: Control) -> BoxFuture<'static, Frame> {
+        futures::future::pending().boxed()
+    }
+
+    fn control(id: &str) -> Message {
+        Message::text(format!(
+            r#"{{"type":"control","id":"{id}","action":"pause","target":{{"kind":"Agent","namespace":"n","name":"a"}},"actor":"u"}}"#
+        ))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn heartbeats_keep_flowing_while_control_requests_stall() {
+        let (mut cp, stop, _, task) = start_with(1 << 20, stalled_answer).await;
+        next_frame(&mut cp).await;
+        cp.send(Message::text(WELCOME_2S)).await.unwrap();
+        let Frame::Snapshot(_) = next_frame(&mut cp).await else {
+            panic!("expected a snapshot")
+        };
+        let welcomed_at = Instant::now();
+        for i in 0..MAX_CONTROLS {
+            cp.send(control(&format!("c{i}"))).await.unwrap();
+        }
+        // Past the cap: refused at once.
+        cp.send(control("busy")).await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(10), next_frame(&mut cp)).await;
+        let Ok(Frame::ControlResult(r)) = answered else {
+            panic!("expected control_result")
+        };
+        assert_eq!((r.id.as_str(), r.ok), ("busy", false));
+        assert_eq!(Instant::now(), welcomed_at);
+        // The stalled requests hold nothing up: heartbeats at 2 s and 4 s.
+        for at in [2, 4] {
+            let frame = tokio::time::timeout(Duration::from_secs(10), next_frame(&mut cp))
+                .await
+                .expect("no heartbeat while a control request stalls");
+            assert!(matches!(frame, Frame::Heartbeat(_)), "{frame:?}");
+            assert_eq!(Instant::now() - welcomed_at, Duration::from_secs(at));
+            cp.send(Message::text(r#"{"type":"heartbeat","sent_at":"t"}"#))
+                .await
+                .unwrap();
+        }
+        stop.send(true).unwrap();
+        let _ = cp.next().await;
+        drop(cp);
+        assert_eq!(task.await.unwrap(), End::Shutdown);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_control_request_is_answered_when_its_task_completes() {
+        fn slow_answer(_: Arc<Context>, c: Control) -> BoxFuture<'static, Frame> {
+            async move {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                Frame::ControlResult(ControlResult {
+                    id: c.id,
+                    ok: true,
+                    error: None,
+                })
+            }
+            .boxed()
+        }
+        let (mut cp, stop, _, task) = start_with(1 << 20, slow_answer).await;
+        next_frame(&mut cp).await;
+        cp.send(Message::text(WELCOME_2S)).await.unwrap();
+        next_frame(&mut cp).await;
+        let sent_at = Instant::now();
+        cp.send(control("c")).await.unwrap();
+        let result = loop {
+            match next_frame(&mut cp).await {
+                Frame::ControlResult(r) => break r,
+                Frame::Heartbeat(_) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        };
+        assert_eq!((result.id.as_str(), result.ok), ("c", true));
+        assert_eq!(Instant::now() - sent_at, Duration::from_secs(3));
+        stop.send(true).unwrap();
+        let _ = cp.next().await;
+        drop(cp);
+        assert_eq!(task.await.unwrap(), End::Shutdown);
     }
 }
