@@ -194,6 +194,10 @@ pub fn plan(tool: &Tool, current: Option<&PodView>, demand: Demand, now: Timesta
         return plan_of(Keep, Error, why);
     }
     let live = current.filter(|p| p.metadata.deletion_timestamp.is_none());
+    // The pod was built from another spec than the Tool's now.
+    let stale = current.is_some_and(|p| {
+        common::pod_spec_hash(&p.metadata) != common::pod_spec_hash(&desired_pod(tool).metadata)
+    });
     if tool.spec.disabled {
         return plan_of(
             if live.is_some() { Delete } else { Keep },
@@ -213,8 +217,6 @@ pub fn plan(tool: &Tool, current: Option<&PodView>, demand: Demand, now: Timesta
         let since = demand.idle_since.filter(|s| *s <= start).unwrap_or(start);
         let grace = SignedDuration::from_secs(tool.spec.idle_seconds.clamp(0, 86_400));
         let until = since.checked_add(grace).unwrap_or(since);
-        let stale = common::pod_spec_hash(&pod.metadata)
-            != common::pod_spec_hash(&desired_pod(tool).metadata);
         let (phase, state) = match common::pod_health(pod) {
             Health::Ready => (Ready, format!("serving at {}", endpoint(tool))),
             Health::Pending(m) => (Pending, m),
@@ -239,7 +241,7 @@ pub fn plan(tool: &Tool, current: Option<&PodView>, demand: Demand, now: Timesta
     if live.is_none() {
         return plan_of(Keep, Pending, "waiting for the previous pod to terminate");
     }
-    if common::pod_spec_hash(&pod.metadata) != common::pod_spec_hash(&desired_pod(tool).metadata) {
+    if stale {
         return plan_of(Delete, Pending, "spec changed: recreating pod");
     }
     match common::pod_health(pod) {
