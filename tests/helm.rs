@@ -245,10 +245,11 @@ async fn helm_install_then_the_platforms_command_manages_it_end_to_end() {
     //    disk is used as soon as the kubelet refreshes the mounted Secret: no restart.
     cp.set_token(Some(TOKEN_B));
     let rotated = Instant::now();
-    kubectl(
+    let (ok, out) = kubectl(
         &["-n", &home.name, "apply", "-f", "-"],
         Some(&serde_json::to_string(&token_secret(TOKEN_B)).unwrap()),
     );
+    assert!(ok, "rotating the token Secret failed:\n{out}");
     cp.close(4001, "token revoked").await;
     let accepted_with_b = || {
         cp.requests().iter().any(|r| {
