@@ -5,10 +5,82 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use crate::connect::frame::{AuditEvent, MAX_ID_BYTES, MAX_TEXT_BYTES};
-use crate::reconcile::common::{CUT_MARK, cap_utf8_marked};
+use crate::text::{CUT_MARK, MAX_ID_BYTES, MAX_TEXT_BYTES, cap_utf8_marked};
+
+/// §7: one session open, close or denial, or one `control` done or refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEvent {
+    /// Unique per event.
+    pub id: String,
+    /// RFC 3339.
+    pub time: String,
+    pub action: AuditAction,
+    pub actor: String,
+    /// Set for session events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    pub target: AuditTarget,
+    #[serde(default)]
+    pub detail: AuditDetail,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AuditAction {
+    #[serde(rename = "session.open")]
+    SessionOpen,
+    #[serde(rename = "session.close")]
+    SessionClose,
+    #[serde(rename = "session.denied")]
+    SessionDenied,
+    #[serde(rename = "control.done")]
+    ControlDone,
+    #[serde(rename = "control.denied")]
+    ControlDenied,
+}
+
+impl AuditAction {
+    /// The wire name, e.g. `session.close`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditAction::SessionOpen => "session.open",
+            AuditAction::SessionClose => "session.close",
+            AuditAction::SessionDenied => "session.denied",
+            AuditAction::ControlDone => "control.done",
+            AuditAction::ControlDenied => "control.denied",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditTarget {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+}
+
+/// What is known about the event; each field only where it applies.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditDetail {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_in: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_out: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
 
 /// At least the spec's 10 000.
 pub const QUEUE_CAPACITY: usize = 10_000;
@@ -166,7 +238,6 @@ pub fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::connect::frame::{AuditAction, AuditDetail, AuditTarget};
 
     fn event(n: usize) -> AuditEvent {
         AuditEvent {
@@ -217,7 +288,7 @@ mod tests {
             .collect()
     }
 
-    use crate::reconcile::common::assert_cut;
+    use crate::text::assert_cut;
 
     #[test]
     fn megabyte_strings_are_bounded_in_the_event_and_the_log_line() {

@@ -11,6 +11,7 @@ pub mod leader;
 pub mod metrics;
 pub mod pod;
 pub mod reconcile;
+pub mod text;
 
 use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;

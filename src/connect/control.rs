@@ -6,10 +6,9 @@ use std::time::Duration;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::audit::{now_rfc3339, uuid_v4};
+use crate::audit::{AuditAction, AuditDetail, AuditEvent, AuditTarget, now_rfc3339, uuid_v4};
 use crate::connect::frame::{
-    AuditAction, AuditDetail, AuditEvent, AuditTarget, Control, ControlAction, ControlResult,
-    Frame, IoClose, IoOpen, PartialIoOpen,
+    Control, ControlAction, ControlResult, Frame, IoClose, IoOpen, PartialIoOpen,
 };
 use crate::crd::{Agent, Kind, Tool};
 use crate::reconcile::{Context, agent, common, tool};

@@ -7,7 +7,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::reconcile::common::cap_utf8_marked;
+use crate::audit::AuditEvent;
+use crate::text::{MAX_ID_BYTES, MAX_TEXT_BYTES, cap_utf8_marked};
 
 /// The WebSocket subprotocol the manager asks for.
 pub const SUBPROTOCOL: &str = "autonomic.v1";
@@ -340,78 +341,6 @@ pub struct Audit {
     pub event: AuditEvent,
 }
 
-/// §7: one session open, close or denial, or one `control` done or refused.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AuditEvent {
-    /// Unique per event.
-    pub id: String,
-    /// RFC 3339.
-    pub time: String,
-    pub action: AuditAction,
-    pub actor: String,
-    /// Set for session events.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session_id: Option<String>,
-    pub target: AuditTarget,
-    #[serde(default)]
-    pub detail: AuditDetail,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum AuditAction {
-    #[serde(rename = "session.open")]
-    SessionOpen,
-    #[serde(rename = "session.close")]
-    SessionClose,
-    #[serde(rename = "session.denied")]
-    SessionDenied,
-    #[serde(rename = "control.done")]
-    ControlDone,
-    #[serde(rename = "control.denied")]
-    ControlDenied,
-}
-
-impl AuditAction {
-    /// The wire name, e.g. `session.close`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuditAction::SessionOpen => "session.open",
-            AuditAction::SessionClose => "session.close",
-            AuditAction::SessionDenied => "session.denied",
-            AuditAction::ControlDone => "control.done",
-            AuditAction::ControlDenied => "control.denied",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AuditTarget {
-    pub kind: String,
-    pub namespace: String,
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub container: Option<String>,
-}
-
-/// What is known about the event; each field only where it applies.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AuditDetail {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub command: Option<Vec<String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exit_code: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bytes_in: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bytes_out: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub duration_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
 /// both ways: the peer sent something wrong; the connection stays up.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorFrame {
@@ -554,14 +483,6 @@ fn short(mut s: String) -> String {
     s
 }
 
-/// Longest identifier from the control plane kept: `actor`, `session_id`, ids and the
-/// names of a target. Longer ones are cut (with a mark) at decode, so logs and audit
-/// events never carry a peer's megabyte.
-pub const MAX_ID_BYTES: usize = 256;
-
-/// Longest free text from the control plane kept: `reason`, `message`.
-pub const MAX_TEXT_BYTES: usize = 1024;
-
 fn cap_id(s: &mut String) {
     cap_utf8_marked(s, MAX_ID_BYTES);
 }
@@ -702,6 +623,7 @@ pub fn decode_io(bytes: &[u8]) -> Result<IoChunk<'_>, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::audit::{AuditAction, AuditDetail, AuditTarget};
     use serde_json::json;
 
     /// One frame of every type, with every optional field set where there is one.
@@ -1287,7 +1209,7 @@ mod tests {
         format!("{}{}", "a".repeat(lead), unit.repeat(n))
     }
 
-    use crate::reconcile::common::assert_cut;
+    use crate::text::assert_cut;
 
     #[test]
     fn peer_strings_are_bounded_at_decode() {

@@ -588,7 +588,7 @@ mod tests {
         let Frame::Audit(a) = next_frame(&mut cp).await else {
             panic!("expected the audit event")
         };
-        assert_eq!(a.event.action, frame::AuditAction::SessionDenied);
+        assert_eq!(a.event.action, crate::audit::AuditAction::SessionDenied);
 
         // The default heartbeat: 15 s after the snapshot.
         cp.send(Message::text(r#"{"type":"heartbeat","sent_at":"t"}"#))

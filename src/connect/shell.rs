@@ -28,10 +28,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until, timeout};
 
 use super::frame::{
-    AuditAction, AuditDetail, AuditEvent, AuditTarget, DEFAULT_TERMINAL, DecodeError, Frame,
-    IoClose, IoOpen, IoOpened, IoResize, Stream,
+    DEFAULT_TERMINAL, DecodeError, Frame, IoClose, IoOpen, IoOpened, IoResize, Stream,
 };
-use crate::audit::{now_rfc3339, uuid_v4};
+use crate::audit::{AuditAction, AuditDetail, AuditEvent, AuditTarget, now_rfc3339, uuid_v4};
 use crate::crd::AgentPhase;
 use crate::reconcile::{Context, common};
 

@@ -424,7 +424,7 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
     let old = agent.status.clone().unwrap_or_default();
     let context_summary = pod
         .and_then(|p| p.annotations().get(common::CONTEXT_SUMMARY))
-        .map(|s| common::cap_utf8(s, common::CONTEXT_SUMMARY_MAX).to_owned())
+        .map(|s| crate::text::cap_utf8(s, common::CONTEXT_SUMMARY_MAX).to_owned())
         .or(old.context_summary.clone());
     let keeps_pod = !matches!(plan.phase, AgentPhase::Paused) && pod.is_some();
     let status = AgentStatus {

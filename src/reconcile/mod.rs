@@ -374,7 +374,8 @@ impl Context {
                     EventType::Normal
                 },
                 reason: phase.clone(),
-                note: Some(common::cap_utf8(message, 1000).to_owned()).filter(|m| !m.is_empty()),
+                note: Some(crate::text::cap_utf8(message, 1000).to_owned())
+                    .filter(|m| !m.is_empty()),
                 action: "Reconcile".into(),
                 secondary: None,
             };
