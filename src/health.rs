@@ -9,7 +9,21 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::reconcile::Context;
+use crate::connect::Link;
+use crate::metrics::Metrics;
+use crate::reconcile::Queue;
+use crate::store::Store;
+
+/// What the probes and `/metrics` read, handed over by the application.
+#[derive(Clone, Default)]
+pub struct Probe {
+    pub store: Arc<Store>,
+    pub link: Arc<Link>,
+    pub metrics: Arc<Metrics>,
+    pub queue: Arc<Queue>,
+    /// Managed mode: a leader that is not connected is not ready.
+    pub managed: bool,
+}
 
 /// Probe connections answered at once. Kubelet and Prometheus need a handful.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -21,7 +35,7 @@ pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 pub const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 /// Serves forever: a failed `accept` is logged and retried, never fatal.
-pub async fn serve(listener: TcpListener, ctx: Arc<Context>) -> std::io::Result<()> {
+pub async fn serve(listener: TcpListener, ctx: Arc<Probe>) -> std::io::Result<()> {
     serve_with(listener, ctx, MAX_CONNECTIONS, Arc::default()).await
 }
 
@@ -44,7 +58,7 @@ impl Accept for TcpListener {
 /// kubelet probe that arrives during a flood is answered late instead of refused.
 async fn serve_with(
     listener: impl Accept,
-    ctx: Arc<Context>,
+    ctx: Arc<Probe>,
     limit: usize,
     in_progress: Arc<AtomicUsize>,
 ) -> std::io::Result<()> {
@@ -101,7 +115,7 @@ impl AcceptBurst {
     }
 }
 
-async fn answer(mut stream: TcpStream, ctx: &Context) -> std::io::Result<()> {
+async fn answer(mut stream: TcpStream, ctx: &Probe) -> std::io::Result<()> {
     let mut buf = [0u8; 2048];
     let mut len = 0;
     while len < buf.len() {
@@ -148,19 +162,19 @@ async fn answer(mut stream: TcpStream, ctx: &Context) -> std::io::Result<()> {
     stream.shutdown().await
 }
 
-fn readiness(ctx: &Context) -> Result<(), &'static str> {
-    if !ctx.synced.is_synced() {
+fn readiness(ctx: &Probe) -> Result<(), &'static str> {
+    if !ctx.store.synced.is_synced() {
         return Err("watches not synced");
     }
     // A standby never connects; it is ready once warm, or a Deployment of two replicas
     // would never finish rolling out.
-    if ctx.config.managed && ctx.metrics.leader.load(Relaxed) && !ctx.link.connected.load(Relaxed) {
+    if ctx.managed && ctx.metrics.leader.load(Relaxed) && !ctx.link.connected.load(Relaxed) {
         return Err("not connected to the control plane");
     }
     Ok(())
 }
 
-fn metrics(ctx: &Context) -> String {
+fn metrics(ctx: &Probe) -> String {
     let link = &ctx.link;
     let n = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as f64;
     ctx.metrics.render(&[
@@ -232,17 +246,17 @@ fn metrics(ctx: &Context) -> String {
         (
             "autonomic_watches_synced",
             "1 once every watch has listed its objects.",
-            f64::from(u8::from(ctx.synced.is_synced())),
+            f64::from(u8::from(ctx.store.synced.is_synced())),
         ),
         (
             "autonomic_agents",
             "Agents in the cache.",
-            ctx.agents.len() as f64,
+            ctx.store.agents.len() as f64,
         ),
         (
             "autonomic_tools",
             "Tools in the cache.",
-            ctx.tools.len() as f64,
+            ctx.store.tools.len() as f64,
         ),
     ])
 }
@@ -267,12 +281,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let in_progress = Arc::new(AtomicUsize::new(0));
-        let server = tokio::spawn(serve_with(
-            listener,
-            crate::connect::test_context(),
-            N,
-            in_progress.clone(),
-        ));
+        let server = tokio::spawn(serve_with(listener, Arc::default(), N, in_progress.clone()));
         // N + 10 clients connect and send nothing.
         let mut held = Vec::new();
         let mut peak = 0;
@@ -321,7 +330,7 @@ mod tests {
                 listener,
                 failures: AtomicUsize::new(3),
             },
-            crate::connect::test_context(),
+            Arc::default(),
             MAX_CONNECTIONS,
             Arc::default(),
         ));

@@ -2,15 +2,15 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
-pub mod cache;
+pub mod cluster;
 pub mod config;
 pub mod connect;
 pub mod crd;
 pub mod health;
 pub mod leader;
 pub mod metrics;
-pub mod pod;
 pub mod reconcile;
+pub mod store;
 pub mod text;
 
 use std::future::Future;
@@ -19,6 +19,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use config::Config;
+use tracing::Instrument;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -68,17 +69,17 @@ struct Term {
 }
 
 impl Term {
-    fn start(ctx: &Arc<reconcile::Context>) -> Term {
+    fn start(ctx: &Arc<reconcile::Context>, connect: Option<&Arc<connect::Context>>) -> Term {
         ctx.metrics.leader.store(true, Relaxed);
         let mut workers = tokio::task::JoinSet::new();
         reconcile::spawn_workers(ctx, &mut workers);
         // The standby's watches queued what they saw; a resync covers anything else.
         ctx.queue_all();
         let (stop, stopping) = tokio::sync::watch::channel(false);
-        let connector = ctx
-            .config
-            .managed
-            .then(|| tokio::spawn(connect::run(ctx.clone(), stopping)));
+        let connector = connect.map(|c| {
+            let span = tracing::info_span!("connector");
+            tokio::spawn(connect::run(c.clone(), stopping).instrument(span))
+        });
         Term {
             workers,
             stop,
@@ -87,7 +88,7 @@ impl Term {
     }
 
     /// Stops writing at once, then closes the connection (1000), bounded by `within`.
-    async fn end(mut self, ctx: &reconcile::Context, within: Duration) {
+    async fn end(mut self, link: &connect::Link, metrics: &metrics::Metrics, within: Duration) {
         self.workers.abort_all();
         let _ = self.stop.send(true);
         if let Some(mut connector) = self.connector.take()
@@ -97,8 +98,8 @@ impl Term {
             connector.abort();
             let _ = connector.await;
         }
-        ctx.link.connected.store(false, Relaxed);
-        ctx.metrics.leader.store(false, Relaxed);
+        link.connected.store(false, Relaxed);
+        metrics.leader.store(false, Relaxed);
     }
 }
 
@@ -116,9 +117,10 @@ async fn elect(elector: &mut Option<leader::Elector>, leading: bool) -> Option<l
     }
 }
 
-/// Runs the manager until `shutdown` completes or a critical task ends.
+/// Runs the manager until `shutdown` completes or a critical task ends: builds the
+/// Kubernetes client (kubeconfig or in-cluster) and binds the probe address, then
+/// [`serve`]s.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
-    let config = Arc::new(config);
     let mut kube_config = kube::Config::infer()
         .await
         .map_err(|e| Error::KubeConfig(e.to_string()))?;
@@ -127,16 +129,40 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     kube_config.proxy_url = None;
     let client =
         kube::Client::try_from(kube_config).map_err(|e| Error::KubeConfig(e.to_string()))?;
-    let metrics = Arc::new(metrics::Metrics::default());
-    let ctx = reconcile::Context::new(client, config.clone(), metrics);
-
     let listener = tokio::net::TcpListener::bind(config.probe_addr)
         .await
         .map_err(|source| Error::Probe {
             addr: config.probe_addr,
             source,
         })?;
+    serve(config, client, listener, shutdown).await
+}
+
+/// The manager on a given client and probe listener. The application owns the shared
+/// state and hands each part what it uses: the store to everyone, the link (the
+/// control-plane connection's state) to the connector, the probes and the elector.
+pub async fn serve(
+    config: Config,
+    client: kube::Client,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    let config = Arc::new(config);
     let probe_addr = listener.local_addr().unwrap_or(config.probe_addr);
+    let store = Arc::new(store::Store::default());
+    let link = Arc::new(connect::Link::default());
+    let metrics = Arc::new(metrics::Metrics::default());
+    let kube = cluster::Kube::new(client.clone(), &config.pod_name);
+    let ctx = reconcile::Context::new(store.clone(), kube.clone(), config.clone(), metrics.clone());
+    let connect = config.managed.then(|| {
+        Arc::new(connect::Context {
+            store: store.clone(),
+            kube,
+            config: config.clone(),
+            link: link.clone(),
+        })
+    });
+
     tracing::info!(
         version = VERSION,
         managed = config.managed,
@@ -148,27 +174,38 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     );
 
     let mut tasks = tokio::task::JoinSet::new();
-    let notify: Arc<dyn Fn(reconcile::Changed) + Send + Sync> = if config.managed {
-        let link = ctx.link.clone();
-        Arc::new(move |c| link.mark(c))
-    } else {
-        Arc::new(|_| {})
+    // Every change goes to the work queue and, when managed, to the next delta.
+    let on_change: store::watch::Listener = {
+        let (ctx, link, managed) = (ctx.clone(), link.clone(), config.managed);
+        Arc::new(move |seen| {
+            ctx.route(seen);
+            if managed && let Some(changed) = seen.changed() {
+                link.mark(changed);
+            }
+        })
     };
     // Watches and caches always run: a standby is warm and takes over fast.
-    reconcile::spawn_watches(&ctx, notify, &mut tasks);
+    store::watch::spawn(&store, &client, &config.namespaces, &on_change, &mut tasks);
     let mut elector = config.leader_election.then(|| {
         let identity = format!("{}_{}", config.pod_name, boot_id());
         tracing::info!(%identity, namespace = %config.pod_namespace, lease = leader::LEASE_NAME, "leader election on");
-        let link = ctx.link.clone();
+        let link = link.clone();
         let managed = config.managed;
         let state: leader::LinkState = Arc::new(move || match (managed, link.state()) {
             (false, _) => "unmanaged: no control-plane connection (manager.managed=false)".into(),
             (true, s) if s.is_empty() => "not connected yet: dialling the control plane".into(),
             (true, s) => s,
         });
-        leader::Elector::new(ctx.client.clone(), &config.pod_namespace, identity, state)
+        leader::Elector::new(client.clone(), &config.pod_namespace, identity, state)
     });
-    let health = health::serve(listener, ctx.clone());
+    let probe = Arc::new(health::Probe {
+        store: store.clone(),
+        link: link.clone(),
+        metrics: metrics.clone(),
+        queue: ctx.queue.clone(),
+        managed: config.managed,
+    });
+    let health = health::serve(listener, probe);
     tokio::pin!(health);
     tokio::pin!(shutdown);
 
@@ -179,7 +216,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             r = &mut health => break Err(Error::Probe { addr: probe_addr, source: r.err().unwrap_or_else(|| std::io::Error::other("stopped")) }),
             Some(r) = tasks.join_next() => break Err(Error::TaskEnded(format!("{r:?}"))),
             lost = elect(&mut elector, term.is_some()) => match lost {
-                None => term = Some(Term::start(&ctx)),
+                None => term = Some(Term::start(&ctx, connect.as_ref())),
                 Some(lost) => break Err(Error::LostLease(lost)),
             },
         }
@@ -196,7 +233,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             );
         }
         let within = Duration::from_secs(if lost { 2 } else { 3 });
-        term.end(&ctx, within).await;
+        term.end(&link, &metrics, within).await;
     }
     // Also as a standby: a shutdown may have cut short an acquire the server applied.
     if !lost && let Some(elector) = elector.as_mut() {

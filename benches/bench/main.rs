@@ -147,7 +147,7 @@ where
             .iter()
             .map(|j| {
                 let mut o: K = serde_json::from_str(j).unwrap();
-                autonomic_manager::cache::trim(&mut o);
+                autonomic_manager::store::trim(&mut o);
                 std::sync::Arc::new(o)
             })
             .collect();
@@ -643,7 +643,7 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
         if n > 0 {
             fp["heap_each"] = json!([
                 heap_per_object::<Agent>(&client, &ns.name).await,
-                heap_per_object::<autonomic_manager::pod::PodView>(&client, &ns.name).await,
+                heap_per_object::<autonomic_manager::store::PodView>(&client, &ns.name).await,
                 heap_per_object::<k8s_openapi::api::core::v1::Secret>(&client, &ns.name).await,
             ]);
         }

@@ -6,12 +6,13 @@ use std::time::Duration;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
+use super::Context;
 use crate::audit::{AuditAction, AuditDetail, AuditEvent, AuditTarget, now_rfc3339, uuid_v4};
 use crate::connect::frame::{
     Control, ControlAction, ControlResult, Frame, IoClose, IoOpen, PartialIoOpen,
 };
 use crate::crd::{Agent, Kind, Tool};
-use crate::reconcile::{Context, agent, common, tool};
+use crate::reconcile::{agent, tool};
 
 /// How long one `control` may wait for the API server before it is answered `ok: false`.
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -166,11 +167,11 @@ pub async fn execute(ctx: &Context, c: &Control) -> Result<String, String> {
     }
     let (uid, pod_name) = match kind {
         Kind::Agent => {
-            let a = ctx.agents.get(&t.namespace, &t.name);
+            let a = ctx.store.agents.get(&t.namespace, &t.name);
             (a.and_then(|a| a.metadata.uid.clone()), t.name.clone())
         }
         _ => {
-            let tl = ctx.tools.get(&t.namespace, &t.name);
+            let tl = ctx.store.tools.get(&t.namespace, &t.name);
             (
                 tl.and_then(|t| t.metadata.uid.clone()),
                 tool::pod_name(&t.name),
@@ -184,19 +185,18 @@ pub async fn execute(ctx: &Context, c: &Control) -> Result<String, String> {
     match c.action {
         ControlAction::Restart => {
             if kind == Kind::Agent
-                && let Some(a) = ctx.agents.get(&t.namespace, &t.name)
+                && let Some(a) = ctx.store.agents.get(&t.namespace, &t.name)
                 && let Some(refusal) = restart_refusal(&a)
             {
                 return Err(refusal);
             }
             let pod = ctx
-                .pods
-                .get(&t.namespace, &pod_name)
-                .filter(|p| common::is_owned_by(&p.metadata, Some(&uid)))
+                .store
+                .owned_pod(&t.namespace, &pod_name, Some(&uid))
                 .ok_or_else(|| {
                     format!("{kind} {}/{} has no pod to restart", t.namespace, t.name)
                 })?;
-            ctx.delete_pod(&pod).await.map_err(|e| e.to_string())?;
+            ctx.kube.delete_pod(&pod).await.map_err(|e| e.to_string())?;
             Ok(format!("pod {pod_name} deleted; it is recreated"))
         }
         ControlAction::Pause | ControlAction::Resume => {
@@ -209,11 +209,11 @@ pub async fn execute(ctx: &Context, c: &Control) -> Result<String, String> {
             let patch = Patch::Merge(json!({"spec": {field: on}}));
             let pp = PatchParams::default();
             match kind {
-                Kind::Agent => Api::<Agent>::namespaced(ctx.client.clone(), &t.namespace)
+                Kind::Agent => Api::<Agent>::namespaced(ctx.kube.client().clone(), &t.namespace)
                     .patch(&t.name, &pp, &patch)
                     .await
                     .map(drop),
-                _ => Api::<Tool>::namespaced(ctx.client.clone(), &t.namespace)
+                _ => Api::<Tool>::namespaced(ctx.kube.client().clone(), &t.namespace)
                     .patch(&t.name, &pp, &patch)
                     .await
                     .map(drop),
@@ -224,11 +224,11 @@ pub async fn execute(ctx: &Context, c: &Control) -> Result<String, String> {
         ControlAction::Delete => {
             let dp = DeleteParams::background();
             match kind {
-                Kind::Agent => Api::<Agent>::namespaced(ctx.client.clone(), &t.namespace)
+                Kind::Agent => Api::<Agent>::namespaced(ctx.kube.client().clone(), &t.namespace)
                     .delete(&t.name, &dp)
                     .await
                     .map(drop),
-                _ => Api::<Tool>::namespaced(ctx.client.clone(), &t.namespace)
+                _ => Api::<Tool>::namespaced(ctx.kube.client().clone(), &t.namespace)
                     .delete(&t.name, &dp)
                     .await
                     .map(drop),

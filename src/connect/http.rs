@@ -11,6 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::Context;
 use super::backoff::{Reconnect, Retry};
 use super::frame::{self, Frame};
 use super::socket::{DialError, tcp, tls_config};
@@ -18,7 +19,6 @@ use super::{control, read_token, wire};
 use crate::audit::now_rfc3339;
 use crate::config::Token;
 use crate::connect::frame::{Audit, Delta, Heartbeat, Snapshot};
-use crate::reconcile::Context;
 
 /// A control plane that accepts and never answers must not stall reporting.
 const POST_TIMEOUT: Duration = Duration::from_secs(30);

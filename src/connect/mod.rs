@@ -19,11 +19,23 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, watch};
 
 use crate::audit::AuditLog;
+use crate::cluster::Kube;
 use crate::config::{Config, Token};
-use crate::reconcile::{Changed, Context, Key};
+use crate::crd::Key;
+use crate::store::Store;
+use crate::store::watch::Changed;
 use backoff::{Reconnect, Retry};
 use frame::{Frame, Hello, Host};
 use session::End;
+
+/// What the connector reads and acts through, handed over by the application.
+pub struct Context {
+    pub store: Arc<Store>,
+    /// Control requests' writes; its client runs the shells' execs.
+    pub kube: Kube,
+    pub config: Arc<Config>,
+    pub link: Arc<Link>,
+}
 
 /// What the connector shares with the rest of the manager: pending changes, the audit
 /// queue, and the connection's state for probes and metrics.
@@ -146,7 +158,8 @@ async fn cluster_id(ctx: &Context) -> String {
     if let Some(id) = &ctx.config.cluster_id {
         return id.clone();
     }
-    let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(ctx.client.clone());
+    let api: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(ctx.kube.client().clone());
     let read = tokio::time::timeout(std::time::Duration::from_secs(10), api.get("kube-system"));
     match read.await {
         Ok(Ok(ns)) if ns.metadata.uid.as_deref().is_some_and(|u| !u.is_empty()) => {
@@ -202,13 +215,13 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
     };
     // The first snapshot must hold everything: wait for the watches' initial lists.
     tokio::select! {
-        () = ctx.synced.wait() => {}
+        () = ctx.store.synced.wait() => {}
         _ = shutdown.changed() => return,
     }
     let ids = Ids {
         boot_id: crate::boot_id().to_owned(),
         cluster_id: cluster_id(&ctx).await,
-        kubernetes_version: match ctx.client.apiserver_version().await {
+        kubernetes_version: match ctx.kube.client().apiserver_version().await {
             Ok(v) => v.git_version,
             Err(_) => String::new(),
         },
@@ -334,7 +347,12 @@ pub(crate) fn test_context() -> Arc<Context> {
     let kube_config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
     let client = kube::Client::try_from(kube_config).expect("a client");
     let config = Config::parse(|_| None).expect("the default configuration");
-    Context::new(client, Arc::new(config), Default::default())
+    Arc::new(Context {
+        store: Default::default(),
+        kube: Kube::new(client, "test"),
+        config: Arc::new(config),
+        link: Default::default(),
+    })
 }
 
 #[cfg(test)]

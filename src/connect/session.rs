@@ -17,12 +17,12 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
+use super::Context;
 use super::frame::{self, Frame};
 use super::shell::{Outgoing, Reply, Shells};
 use super::{Link, wire};
 use crate::audit::now_rfc3339;
 use crate::connect::frame::{Control, ControlResult, Delta, ErrorFrame, Heartbeat};
-use crate::reconcile::Context;
 
 /// How a session ended, which decides the wait before the next dial.
 #[derive(Debug, PartialEq, Eq)]

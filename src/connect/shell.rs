@@ -27,12 +27,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until, timeout};
 
+use super::Context;
 use super::frame::{
     DEFAULT_TERMINAL, DecodeError, Frame, IoClose, IoOpen, IoOpened, IoResize, Stream,
 };
 use crate::audit::{AuditAction, AuditDetail, AuditEvent, AuditTarget, now_rfc3339, uuid_v4};
 use crate::crd::AgentPhase;
-use crate::reconcile::{Context, common};
 
 /// The containers of an agent's pod a shell may open in.
 pub const ALLOWED_CONTAINERS: [&str; 2] = ["runtime", "agentlet"];
@@ -152,7 +152,7 @@ impl Shells {
         let (resize, resize_rx) = watch::channel(o.size().unwrap_or(DEFAULT_TERMINAL));
         let (close, close_rx) = watch::channel(None);
         let exec = Exec {
-            client: ctx.client.clone(),
+            client: ctx.kube.client().clone(),
             channel: o.channel,
             namespace: o.target.namespace.clone(),
             pod: pod.clone(),
@@ -380,6 +380,7 @@ pub fn authorize(ctx: &Context, o: &IoOpen, open: usize) -> Result<String, Strin
         ));
     }
     let agent = ctx
+        .store
         .agents
         .get(&t.namespace, &t.agent)
         .ok_or_else(|| format!("agent {}/{} not found", t.namespace, t.agent))?;
@@ -400,9 +401,8 @@ pub fn authorize(ctx: &Context, o: &IoOpen, open: usize) -> Result<String, Strin
         .and_then(|s| s.pod_name.clone())
         .unwrap_or_else(|| t.agent.clone());
     let pod = ctx
-        .pods
-        .get(&t.namespace, &pod_name)
-        .filter(|p| common::is_owned_by(&p.metadata, agent.metadata.uid.as_deref()))
+        .store
+        .owned_pod(&t.namespace, &pod_name, agent.metadata.uid.as_deref())
         .ok_or_else(|| format!("agent {}/{} has no pod of its own", t.namespace, t.agent))?;
     let status = pod.status.as_ref();
     if status.and_then(|s| s.phase.as_deref()) != Some("Running") {

@@ -5,10 +5,11 @@ use kube::ResourceExt;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
+use super::Context;
+use crate::crd::PhaseStatus;
 use crate::crd::{Agent, Kind, Memory, Runtime, Tool};
-use crate::pod::PodView;
-use crate::reconcile::Context;
-use crate::reconcile::{PhaseStatus, common, tool};
+use crate::reconcile::{common, tool};
+use crate::store::PodView;
 
 /// `someField` → `some_field`, only for keys that are plain camelCase identifiers, so
 /// data keys such as `hugepages-2Mi` or `nvidia.com/gpu` pass unchanged.
@@ -122,9 +123,8 @@ where
 }
 
 fn owned_pod(ctx: &Context, ns: &str, name: &str, uid: Option<String>) -> Vec<Value> {
-    ctx.pods
-        .get(ns, name)
-        .filter(|p| common::is_owned_by(&p.metadata, uid.as_deref()))
+    ctx.store
+        .owned_pod(ns, name, uid.as_deref())
         .map(|p| vec![pod_wire(&p)])
         .unwrap_or_default()
 }
@@ -203,10 +203,10 @@ pub fn memory(m: &Memory) -> Value {
 /// The wire form of one custom resource as cached now, if it exists.
 pub fn of(ctx: &Context, kind: Kind, ns: &str, name: &str) -> Option<Value> {
     match kind {
-        Kind::Agent => ctx.agents.get(ns, name).map(|a| agent(ctx, &a)),
-        Kind::Tool => ctx.tools.get(ns, name).map(|t| tool(ctx, &t)),
-        Kind::Runtime => ctx.runtimes.get(ns, name).map(|r| runtime(&r)),
-        Kind::Memory => ctx.memories.get(ns, name).map(|m| memory(&m)),
+        Kind::Agent => ctx.store.agents.get(ns, name).map(|a| agent(ctx, &a)),
+        Kind::Tool => ctx.store.tools.get(ns, name).map(|t| tool(ctx, &t)),
+        Kind::Runtime => ctx.store.runtimes.get(ns, name).map(|r| runtime(&r)),
+        Kind::Memory => ctx.store.memories.get(ns, name).map(|m| memory(&m)),
     }
 }
 
@@ -241,10 +241,10 @@ pub fn all(ctx: &Context) -> Vec<Value> {
 
 /// Every watched object's wire form, built one at a time.
 fn each(ctx: &Context) -> impl Iterator<Item = Value> + '_ {
-    let agents = ctx.agents.all().into_iter().map(|a| agent(ctx, &a));
-    let tools = ctx.tools.all().into_iter().map(|t| tool(ctx, &t));
-    let runtimes = ctx.runtimes.all().into_iter().map(|r| runtime(&r));
-    let memories = ctx.memories.all().into_iter().map(|m| memory(&m));
+    let agents = ctx.store.agents.all().into_iter().map(|a| agent(ctx, &a));
+    let tools = ctx.store.tools.all().into_iter().map(|t| tool(ctx, &t));
+    let runtimes = ctx.store.runtimes.all().into_iter().map(|r| runtime(&r));
+    let memories = ctx.store.memories.all().into_iter().map(|m| memory(&m));
     agents.chain(tools).chain(runtimes).chain(memories)
 }
 
@@ -490,5 +490,111 @@ mod tests {
                 serde_json::to_string(&v).unwrap()
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod pod_tests {
+    use super::pod_wire;
+    use crate::reconcile::common::{Health, pod_health};
+    use crate::store::{PodView, trim};
+    use serde_json::json;
+
+    /// A pod as the API server serves it: a running agent pod with two containers.
+    fn served() -> serde_json::Value {
+        let container = |name: &str| {
+            json!({"name": name, "image": "registry.example/agent:1.2.3",
+                "args": ["--serve"], "env": [{"name": "A", "value": "b"}],
+                "resources": {"limits": {"memory": "512Mi"}},
+                "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}},
+                "volumeMounts": [{"name": "config", "mountPath": "/etc/autonomic"}]})
+        };
+        let status = |name: &str, restarts: i32| {
+            json!({"name": name, "ready": true, "restartCount": restarts, "started": true,
+                "image": "registry.example/agent:1.2.3",
+                "imageID": "registry.example/agent@sha256:0123456789abcdef0123456789abcdef",
+                "containerID": "containerd://0123456789abcdef0123456789abcdef",
+                "state": {"running": {"startedAt": "2026-12-02T10:00:00Z"}},
+                "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}})
+        };
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "triage", "namespace": "team-a", "uid": "u-1",
+                "labels": {"autonomic.sh/agent": "triage"},
+                "annotations": {"autonomic.sh/spec-hash": "abc",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{\"big\": true}"},
+                "managedFields": [{"manager": "autonomic-manager", "operation": "Apply"}],
+                "ownerReferences": [{"apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
+                    "name": "triage", "uid": "a-1", "controller": true}]},
+            "spec": {"nodeName": "node-1", "restartPolicy": "Always",
+                "containers": [container("runtime"), container("agentlet")],
+                "volumes": [{"name": "config", "secret": {"secretName": "triage-config"}}]},
+            "status": {"phase": "Running", "qosClass": "Burstable",
+                "hostIP": "10.0.0.1", "podIP": "10.1.0.7", "startTime": "2026-12-02T10:00:00Z",
+                "conditions": [{"type": "Ready", "status": "True"},
+                    {"type": "PodScheduled", "status": "True"}],
+                "containerStatuses": [status("runtime", 2), status("agentlet", 0)]}
+        })
+    }
+
+    fn read(v: serde_json::Value) -> PodView {
+        let mut pod: PodView = serde_json::from_value(v).unwrap();
+        trim(&mut pod);
+        pod
+    }
+
+    /// A served pod reads into everything the manager reads of it, in every state.
+    #[test]
+    fn a_served_pod_reads_into_what_the_manager_uses() {
+        let pod = read(served());
+        assert_eq!(
+            pod_wire(&pod),
+            json!({"name": "triage", "phase": "Running", "ready": true, "restarts": 2,
+                "node": "node-1", "containers": [
+                    {"name": "runtime", "ready": true, "state": "running", "reason": ""},
+                    {"name": "agentlet", "ready": true, "state": "running", "reason": ""}]})
+        );
+        assert_eq!(pod_health(&pod), Health::Ready);
+        assert_eq!(
+            pod.metadata.owner_references.as_ref().unwrap()[0].uid,
+            "a-1"
+        );
+        assert_eq!(pod.metadata.managed_fields, None);
+        let annotations = pod.metadata.annotations.as_ref().unwrap();
+        assert_eq!(
+            annotations.keys().collect::<Vec<_>>(),
+            ["autonomic.sh/spec-hash"]
+        );
+
+        let mut crashing = served();
+        crashing["status"]["containerStatuses"][0]["ready"] = json!(false);
+        crashing["status"]["containerStatuses"][0]["state"] = json!({"waiting":
+            {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}});
+        let pod = read(crashing);
+        assert_eq!(
+            pod_health(&pod),
+            Health::Error("container runtime: CrashLoopBackOff: back-off 5m0s".into())
+        );
+        assert_eq!(
+            pod_wire(&pod)["containers"][0],
+            json!({"name": "runtime", "ready": false, "state": "waiting",
+                "reason": "CrashLoopBackOff"})
+        );
+
+        let mut failed = served();
+        failed["status"]["phase"] = json!("Failed");
+        failed["status"]["containerStatuses"][1]["state"] =
+            json!({"terminated": {"exitCode": 3, "reason": "Error"}});
+        assert_eq!(
+            pod_health(&read(failed)),
+            Health::Failed("container agentlet exited with code 3 (Error)".into())
+        );
+
+        let mut pending = served();
+        pending["status"] = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
+            "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}]});
+        assert!(
+            matches!(pod_health(&read(pending)), Health::Pending(m) if m.contains("0/1 nodes"))
+        );
     }
 }

@@ -103,3 +103,97 @@ pub(crate) fn phase_schema<T: schemars::JsonSchema>(
 /// A condition list entry; kept simple rather than `meta/v1.Condition` so an absent
 /// `observedGeneration` is not mandatory in the schema.
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+/// Identifies one custom resource.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub kind: Kind,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Key {
+    pub fn new(kind: Kind, namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Key {
+            kind,
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The key of custom resource `obj` of `kind`.
+    pub fn of<K: kube::ResourceExt>(kind: Kind, obj: &K) -> Self {
+        Key::new(kind, obj.namespace().unwrap_or_default(), obj.name_any())
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// What every kind's status has: a phase (one of which is the ready one), a message,
+/// the `Ready` condition and the generation it was computed from. The reconcilers build
+/// these four fields one way ([`crate::reconcile::common::status`]); the writer reports
+/// on them.
+pub trait PhaseStatus: serde::Serialize + PartialEq + Default {
+    type Phase: Copy + std::fmt::Debug + PartialEq;
+    /// The phase in which the object is `Ready`.
+    const READY: Self::Phase;
+    fn phase(&self) -> Option<Self::Phase>;
+    fn phase_name(&self) -> Option<String> {
+        self.phase().map(|p| format!("{p:?}"))
+    }
+    fn message_text(&self) -> &str;
+    fn conditions(&self) -> &[Condition];
+    /// Whether the phase deserves a Warning event.
+    fn is_warning(&self) -> bool;
+    /// Sets the four shared fields.
+    fn set_head(
+        &mut self,
+        generation: Option<i64>,
+        phase: Self::Phase,
+        message: String,
+        conditions: Vec<Condition>,
+    );
+}
+
+macro_rules! phase_status {
+    ($($ty:ty, $phase:ty, ready: $ready:expr, warn: [$($warn:pat_param),+]);*) => {$(
+        impl PhaseStatus for $ty {
+            type Phase = $phase;
+            const READY: $phase = $ready;
+            fn phase(&self) -> Option<$phase> {
+                self.phase
+            }
+            fn message_text(&self) -> &str {
+                self.message.as_deref().unwrap_or_default()
+            }
+            fn conditions(&self) -> &[Condition] {
+                &self.conditions
+            }
+            fn is_warning(&self) -> bool {
+                matches!(self.phase, $(Some($warn))|+)
+            }
+            fn set_head(
+                &mut self,
+                generation: Option<i64>,
+                phase: $phase,
+                message: String,
+                conditions: Vec<Condition>,
+            ) {
+                self.observed_generation = generation;
+                self.phase = Some(phase);
+                self.message = Some(message);
+                self.conditions = conditions;
+            }
+        }
+    )*};
+}
+phase_status!(
+    AgentStatus, AgentPhase, ready: AgentPhase::Active, warn: [AgentPhase::Error, AgentPhase::Failed];
+    ToolStatus, ToolPhase, ready: ToolPhase::Ready, warn: [ToolPhase::Error];
+    RuntimeStatus, RuntimePhase, ready: RuntimePhase::Ready, warn: [RuntimePhase::Invalid];
+    MemoryStatus, MemoryPhase, ready: MemoryPhase::Bound, warn: [MemoryPhase::Error]
+);

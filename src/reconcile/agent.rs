@@ -19,7 +19,7 @@ use super::common::{self, Health};
 use super::{Context, Outcome};
 use crate::Error;
 use crate::crd::{Agent, AgentPhase, AgentStatus, Kind, Memory, MemoryRef, Runtime, Tool};
-use crate::pod::PodView;
+use crate::store::PodView;
 
 pub const CONFIG_MOUNT: &str = "/var/run/autonomic";
 
@@ -42,6 +42,7 @@ pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, String> {
         None => None,
         Some(name) => {
             let rt = ctx
+                .store
                 .runtimes
                 .get(&ns, name)
                 .ok_or_else(|| format!("Runtime {name:?} not found in namespace {ns}"))?;
@@ -58,7 +59,8 @@ pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, String> {
         .tools
         .iter()
         .map(|t| {
-            ctx.tools
+            ctx.store
+                .tools
                 .get(&ns, t)
                 .ok_or_else(|| format!("Tool {t:?} not found in namespace {ns}"))
         })
@@ -68,7 +70,8 @@ pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, String> {
         .memory
         .iter()
         .map(|m| {
-            ctx.memories
+            ctx.store
+                .memories
                 .get(&ns, m)
                 .ok_or_else(|| format!("Memory {m:?} not found in namespace {ns}"))
         })
@@ -283,7 +286,7 @@ pub fn plan(agent: &Agent, desired: &Result<Pod, String>, current: Option<&PodVi
     if agent.metadata.deletion_timestamp.is_some() {
         return plan_of(PodAction::Keep, Terminating, "deletion requested");
     }
-    let owned = current.filter(|p| common::is_owned_by(&p.metadata, agent.uid().as_deref()));
+    let owned = current.filter(|p| crate::store::is_owned_by(&p.metadata, agent.uid().as_deref()));
     if let Some(p) = current
         && owned.is_none()
     {
@@ -365,31 +368,32 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
     if let Ok(refs) = &refs
         && agent.metadata.deletion_timestamp.is_none()
     {
-        let cached = ctx.secrets.get(&ns, &secret_name(&name));
+        let cached = ctx.store.secrets.get(&ns, &secret_name(&name));
         refused = ctx
+            .kube
             .apply(&ns, &desired_secret(&agent, refs), cached.as_deref())
             .await?
-            .err();
+            .refused();
     }
-    let current = ctx.pods.get(&ns, &name);
+    let current = ctx.store.pods.get(&ns, &name);
     let mut plan = plan(&agent, &desired, current.as_deref());
     let mut requeue = None;
     if let Some(why) = refused {
         // Without its config Secret the pod cannot start: leave the pod alone, say why.
-        plan = plan_of(PodAction::Keep, AgentPhase::Error, why);
+        plan = plan_of(PodAction::Keep, AgentPhase::Error, why.to_string());
     }
     match (&plan.action, &desired) {
         (PodAction::Create, Ok(pod)) => {
-            if let Err(e) = ctx.create_pod(pod).await? {
+            if let Some(why) = ctx.kube.create_pod(pod).await?.refused() {
                 // The API server refused the pod itself (an invalid quantity, a quota):
                 // that is the spec's fault; retry slowly in case a quota frees up.
-                plan = plan_of(PodAction::Keep, AgentPhase::Error, e);
+                plan = plan_of(PodAction::Keep, AgentPhase::Error, why.to_string());
                 requeue = Some(Duration::from_secs(60));
             }
         }
         (PodAction::Delete, _) => {
             if let Some(pod) = &current {
-                ctx.delete_pod(pod).await?;
+                ctx.kube.delete_pod(pod).await?;
             }
         }
         _ => {}
@@ -397,7 +401,7 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
 
     let pod = current
         .as_deref()
-        .filter(|p| common::is_owned_by(&p.metadata, agent.uid().as_deref()));
+        .filter(|p| crate::store::is_owned_by(&p.metadata, agent.uid().as_deref()));
     let memory_refs = refs
         .as_ref()
         .map(|r| {
@@ -427,23 +431,22 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
         .map(|s| crate::text::cap_utf8(s, common::CONTEXT_SUMMARY_MAX).to_owned())
         .or(old.context_summary.clone());
     let keeps_pod = !matches!(plan.phase, AgentPhase::Paused) && pod.is_some();
-    let status = AgentStatus {
-        observed_generation: agent.metadata.generation,
-        phase: Some(plan.phase),
-        message: Some(plan.message.clone()),
-        conditions: common::ready_condition(
-            &old.conditions,
-            plan.phase == AgentPhase::Active,
-            &format!("{:?}", plan.phase),
-            &plan.message,
-            agent.metadata.generation,
-        ),
+    let own = AgentStatus {
         pod_name: keeps_pod.then(|| name.clone()),
         started_at: pod.and_then(|p| p.status.as_ref()?.start_time.clone()),
         memory_refs,
         context_summary,
+        ..Default::default()
     };
-    ctx.write_status(&*agent, agent.status.as_ref(), &status)
+    let status = common::status(
+        &agent.metadata,
+        agent.status.as_ref(),
+        plan.phase,
+        plan.message,
+        own,
+    );
+    ctx.kube
+        .write_status(&*agent, agent.status.as_ref(), &status)
         .await?;
     Ok(Outcome { requeue })
 }
@@ -490,7 +493,7 @@ mod tests {
         let labels = p.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["app.kubernetes.io/managed-by"], "autonomic");
         assert_eq!(labels["autonomic.sh/agent"], "triage");
-        assert!(common::is_owned_by(&p.metadata, Some("uid-a")));
+        assert!(crate::store::is_owned_by(&p.metadata, Some("uid-a")));
         let spec = p.spec.unwrap();
         let names: Vec<_> = spec.containers.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["agentlet", "runtime"]);

@@ -8,19 +8,14 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use kube::Resource;
-use serde_json::Value;
 
-use crate::crd::Kind;
-use crate::pod::PodView;
+use crate::crd::{Kind, PhaseStatus};
+use crate::store::{MANAGED_BY, MANAGER, PodView};
 
-pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-pub const MANAGER: &str = "autonomic";
 /// Hash of what the pod was built from; a different hash means "recreate".
 pub const SPEC_HASH: &str = "autonomic.sh/spec-hash";
 pub const CONTEXT_SUMMARY: &str = "autonomic.sh/context-summary";
 pub const CONTEXT_SUMMARY_MAX: usize = 4096;
-/// Label selector for everything the manager creates.
-pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=autonomic";
 
 /// Labels on every object created for custom resource `name` of `kind`.
 pub fn labels(kind: Kind, name: &str) -> BTreeMap<String, String> {
@@ -49,40 +44,6 @@ where
         )),
         owner_references: Some(vec![owner_ref]),
         ..ObjectMeta::default()
-    }
-}
-
-/// The kind and name of the custom resource that controls `meta`, if it is ours.
-pub fn controller_of(meta: &ObjectMeta) -> Option<(Kind, &str)> {
-    meta.owner_references
-        .as_ref()?
-        .iter()
-        .find(|r| r.controller == Some(true) && r.api_version == crate::crd::API_VERSION)
-        .and_then(|r| Some((Kind::parse(&r.kind)?, r.name.as_str())))
-}
-
-/// Whether `child` is controlled by the object with `uid`.
-pub fn is_owned_by(child: &ObjectMeta, uid: Option<&str>) -> bool {
-    let Some(uid) = uid else { return false };
-    child
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|r| r.controller == Some(true) && r.uid == uid)
-}
-
-/// Whether `actual` holds every field `desired` sets, with the same value; fields the
-/// API server adds (defaults, metadata) are ignored. Lists must have the same length and
-/// hold their elements in order.
-pub fn holds(actual: &Value, desired: &Value) -> bool {
-    match (actual, desired) {
-        (Value::Object(a), Value::Object(d)) => d
-            .iter()
-            .all(|(k, dv)| dv.is_null() || a.get(k).is_some_and(|av| holds(av, dv))),
-        (Value::Array(a), Value::Array(d)) => {
-            a.len() == d.len() && a.iter().zip(d).all(|(x, y)| holds(x, y))
-        }
-        _ => actual == desired,
     }
 }
 
@@ -280,6 +241,27 @@ pub fn ready_condition(
     }]
 }
 
+/// A kind's status: `own` (the kind's own fields) with the four every kind shares set
+/// one way: the generation it was computed from, the phase, the message, and the `Ready`
+/// condition (true in the kind's ready phase; its transition time kept while unchanged).
+pub fn status<S: PhaseStatus>(
+    meta: &ObjectMeta,
+    old: Option<&S>,
+    phase: S::Phase,
+    message: String,
+    mut own: S,
+) -> S {
+    let conditions = ready_condition(
+        old.map_or(&[][..], PhaseStatus::conditions),
+        phase == S::READY,
+        &format!("{phase:?}"),
+        &message,
+        meta.generation,
+    );
+    own.set_head(meta.generation, phase, message, conditions);
+    own
+}
+
 /// Label values (and so our names, which are label values) are at most 63 characters.
 pub fn check_label_value(kind: Kind, name: &str) -> Result<(), String> {
     if name.len() > 63 {
@@ -293,26 +275,6 @@ pub fn check_label_value(kind: Kind, name: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn holds_ignores_what_the_server_adds_but_not_what_we_set() {
-        use serde_json::json;
-        let desired = json!({"metadata": {"name": "a", "labels": {"x": "1"}},
-                             "spec": {"ports": [{"port": 80}]}, "data": {"k": "dg=="}});
-        let actual = json!({"metadata": {"name": "a", "uid": "u", "labels": {"x": "1", "y": "2"}},
-                            "spec": {"ports": [{"port": 80, "protocol": "TCP"}], "clusterIP": "10.0.0.1"},
-                            "data": {"k": "dg=="}});
-        assert!(holds(&actual, &desired));
-        let mut changed = actual.clone();
-        changed["data"]["k"] = json!("dw==");
-        assert!(!holds(&changed, &desired));
-        let mut extra_port = actual.clone();
-        extra_port["spec"]["ports"] = json!([{"port": 80}, {"port": 81}]);
-        assert!(!holds(&extra_port, &desired));
-        let mut no_label = actual;
-        no_label["metadata"]["labels"] = json!({"y": "2"});
-        assert!(!holds(&no_label, &desired));
-    }
-
     use super::*;
 
     fn pod(yaml: &str) -> PodView {
@@ -381,16 +343,5 @@ mod tests {
         assert_eq!(first, again);
         let flipped = ready_condition(&first, true, "Active", "", Some(1));
         assert_eq!(flipped[0].status, "True");
-    }
-
-    #[test]
-    fn controller_of_finds_our_kinds_only() {
-        let meta: ObjectMeta = serde_saphyr::from_str(
-            "{name: x, ownerReferences: [{apiVersion: apps/v1, kind: ReplicaSet, name: r, uid: '1', controller: true}, {apiVersion: autonomic.sh/v1alpha1, kind: Tool, name: t, uid: '2', controller: true}]}",
-        )
-        .unwrap();
-        assert_eq!(controller_of(&meta), Some((Kind::Tool, "t")));
-        assert!(is_owned_by(&meta, Some("2")));
-        assert!(!is_owned_by(&meta, Some("3")));
     }
 }

@@ -18,8 +18,8 @@ use std::sync::Mutex;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use crate::cache::ObjKey;
 use crate::crd::{Agent, AgentPhase, Tool};
+use crate::store::ObjKey;
 
 /// Whether the Agent wants to run: not paused, not finished for its generation, not
 /// being deleted.

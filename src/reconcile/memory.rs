@@ -11,6 +11,7 @@ use kube::ResourceExt;
 use super::common;
 use super::{Context, Outcome};
 use crate::Error;
+use crate::cluster::Written;
 use crate::crd::{Kind, Memory, MemoryPhase, MemoryStatus};
 
 pub fn secret_name(memory: &str) -> String {
@@ -88,7 +89,7 @@ pub fn desired_secret(memory: &Memory, url: &str) -> Secret {
 pub async fn reconcile(ctx: &Context, memory: Arc<Memory>) -> Result<Outcome, Error> {
     let ns = memory.namespace().unwrap_or_default();
     let referenced = match &memory.spec.secret_ref {
-        Some(r) => ctx.get_secret(&ns, &r.name).await?,
+        Some(r) => ctx.kube.get_secret(&ns, &r.name).await?,
         None => None,
     };
     let mut outcome = Outcome::default();
@@ -96,23 +97,15 @@ pub async fn reconcile(ctx: &Context, memory: Arc<Memory>) -> Result<Outcome, Er
         _ if memory.metadata.deletion_timestamp.is_some() => {
             (MemoryPhase::Pending, "deletion requested".to_owned(), None)
         }
-        Source::Url(url) => match ctx
-            .apply(
-                &ns,
-                &desired_secret(&memory, &url),
-                ctx.secrets
-                    .get(&ns, &secret_name(&memory.name_any()))
-                    .as_deref(),
-            )
-            .await?
-        {
-            Ok(()) => (
-                MemoryPhase::Bound,
-                String::new(),
-                Some(secret_name(&memory.name_any())),
-            ),
-            Err(why) => (MemoryPhase::Error, why, None),
-        },
+        Source::Url(url) => {
+            let name = secret_name(&memory.name_any());
+            let cached = ctx.store.secrets.get(&ns, &name);
+            let desired = desired_secret(&memory, &url);
+            match ctx.kube.apply(&ns, &desired, cached.as_deref()).await? {
+                Written::Done => (MemoryPhase::Bound, String::new(), Some(name)),
+                Written::Refused(why) => (MemoryPhase::Error, why.to_string(), None),
+            }
+        }
         Source::Pending(why) => {
             outcome.requeue = Some(MISSING_SECRET_RECHECK);
             (MemoryPhase::Pending, why, None)
@@ -120,23 +113,22 @@ pub async fn reconcile(ctx: &Context, memory: Arc<Memory>) -> Result<Outcome, Er
         Source::Invalid(why) => (MemoryPhase::Error, why, None),
     };
     let old = memory.status.clone().unwrap_or_default();
-    let status = MemoryStatus {
-        observed_generation: memory.metadata.generation,
-        phase: Some(phase),
-        message: Some(message.clone()),
-        conditions: common::ready_condition(
-            &old.conditions,
-            phase == MemoryPhase::Bound,
-            &format!("{phase:?}"),
-            &message,
-            memory.metadata.generation,
-        ),
+    let own = MemoryStatus {
         secret_name: secret.or(old
             .secret_name
             .clone()
             .filter(|_| phase != MemoryPhase::Error)),
+        ..Default::default()
     };
-    ctx.write_status(&*memory, memory.status.as_ref(), &status)
+    let status = common::status(
+        &memory.metadata,
+        memory.status.as_ref(),
+        phase,
+        message,
+        own,
+    );
+    ctx.kube
+        .write_status(&*memory, memory.status.as_ref(), &status)
         .await?;
     // A referenced Secret may change without us seeing it: look again now and then.
     if memory.spec.secret_ref.is_some() && outcome.requeue.is_none() {

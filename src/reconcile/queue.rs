@@ -13,31 +13,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::crd::Kind;
-
-/// Identifies one custom resource.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key {
-    pub kind: Kind,
-    pub namespace: String,
-    pub name: String,
-}
-
-impl Key {
-    pub fn new(kind: Kind, namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Key {
-            kind,
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
-    }
-}
+use crate::crd::Key;
 
 #[derive(Default)]
 struct Inner {
@@ -184,6 +160,7 @@ pub fn retry_delay(failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crd::Kind;
 
     fn key(n: &str) -> Key {
         Key::new(Kind::Agent, "ns", n)

@@ -24,25 +24,18 @@ pub async fn reconcile(ctx: &Context, rt: Arc<Runtime>) -> Result<Outcome, Error
         Err(why) => (RuntimePhase::Invalid, why),
     };
     let agents = ctx
-        .agents
-        .in_namespace(&ns)
-        .iter()
-        .filter(|a| a.spec.runtime.reference.as_deref() == Some(name.as_str()))
-        .count() as i64;
-    let old = rt.status.clone().unwrap_or_default();
-    let status = RuntimeStatus {
-        observed_generation: rt.metadata.generation,
-        phase: Some(phase),
-        message: Some(message.clone()),
-        conditions: common::ready_condition(
-            &old.conditions,
-            phase == RuntimePhase::Ready,
-            &format!("{phase:?}"),
-            &message,
-            rt.metadata.generation,
-        ),
+        .store
+        .agents_where(&ns, |a| {
+            a.spec.runtime.reference.as_deref() == Some(name.as_str())
+        })
+        .len() as i64;
+    let own = RuntimeStatus {
         agents: Some(agents),
+        ..Default::default()
     };
-    ctx.write_status(&*rt, rt.status.as_ref(), &status).await?;
+    let status = common::status(&rt.metadata, rt.status.as_ref(), phase, message, own);
+    ctx.kube
+        .write_status(&*rt, rt.status.as_ref(), &status)
+        .await?;
     Ok(Outcome::default())
 }

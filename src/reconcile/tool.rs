@@ -21,7 +21,7 @@ use super::common::{self, Health};
 use super::{Context, Outcome, demand};
 use crate::Error;
 use crate::crd::{Kind, Tool, ToolPhase, ToolStatus};
-use crate::pod::PodView;
+use crate::store::PodView;
 
 /// The message of a Tool without users and without a pod.
 pub const IDLE: &str = "idle: no Agent uses this tool";
@@ -261,17 +261,14 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
     let ns = tool.namespace().unwrap_or_default();
     let name = tool.name_any();
     let uid = tool.uid();
-    let current = ctx
-        .pods
-        .get(&ns, &pod_name(&name))
-        .filter(|p| common::is_owned_by(&p.metadata, uid.as_deref()));
+    let current = ctx.store.owned_pod(&ns, &pod_name(&name), uid.as_deref());
     let recorded = tool
         .status
         .as_ref()
         .and_then(|s| s.idle_since.as_ref())
         .map(|t| t.0);
     let demand = Demand {
-        users: demand::users(&ctx.agents.in_namespace(&ns), &name),
+        users: demand::users(&ctx.store.agents.in_namespace(&ns), &name),
         // Our own last write wins over a cache that may not hold it yet.
         idle_since: ctx.demand.idle_since(&tool).unwrap_or(recorded),
     };
@@ -281,31 +278,33 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
     // The Service exists whether or not the pod runs.
     if tool.metadata.deletion_timestamp.is_none()
         && validate(&tool).is_ok()
-        && let Err(why) = ctx
+        && let Some(why) = ctx
+            .kube
             .apply(
                 &ns,
                 &desired_service(&tool),
-                ctx.services.get(&ns, &name).as_deref(),
+                ctx.store.services.get(&ns, &name).as_deref(),
             )
             .await?
+            .refused()
     {
         // Leave the pod alone and the grace as it was; say why.
         plan = Plan {
             idle_since: demand.idle_since,
-            ..plan_of(PodAction::Keep, ToolPhase::Error, why)
+            ..plan_of(PodAction::Keep, ToolPhase::Error, why.to_string())
         };
     }
     match plan.action {
         PodAction::Create => {
-            if let Err(e) = ctx.create_pod(&desired_pod(&tool)).await? {
+            if let Some(why) = ctx.kube.create_pod(&desired_pod(&tool)).await?.refused() {
                 // The API server refused the pod itself; retry slowly (a quota may free up).
-                plan = plan_of(PodAction::Keep, ToolPhase::Error, e);
+                plan = plan_of(PodAction::Keep, ToolPhase::Error, why.to_string());
                 requeue = Some(Duration::from_secs(60));
             }
         }
         PodAction::Delete => {
             if let Some(pod) = &current {
-                ctx.delete_pod(pod).await?;
+                ctx.kube.delete_pod(pod).await?;
             }
         }
         PodAction::WaitUntil(at) => {
@@ -317,30 +316,28 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
     }
 
     let phase = plan.phase;
-    let old = tool.status.clone().unwrap_or_default();
     let valid = phase != ToolPhase::Error || current.is_some();
     let keeps_pod = phase != ToolPhase::Disabled
         && plan.action != PodAction::Delete
         && current
             .as_ref()
             .is_some_and(|p| p.metadata.deletion_timestamp.is_none());
-    let status = ToolStatus {
-        observed_generation: tool.metadata.generation,
-        phase: Some(phase),
-        message: Some(plan.message.clone()),
-        conditions: common::ready_condition(
-            &old.conditions,
-            phase == ToolPhase::Ready,
-            &format!("{phase:?}"),
-            &plan.message,
-            tool.metadata.generation,
-        ),
+    let own = ToolStatus {
         pod_name: keeps_pod.then(|| pod_name(&name)),
         endpoint: valid.then(|| endpoint(&tool)),
         users: Some(i64::from(demand.users)),
         idle_since: plan.idle_since.map(Time),
+        ..Default::default()
     };
-    ctx.write_status(&*tool, tool.status.as_ref(), &status)
+    let status = common::status(
+        &tool.metadata,
+        tool.status.as_ref(),
+        phase,
+        plan.message,
+        own,
+    );
+    ctx.kube
+        .write_status(&*tool, tool.status.as_ref(), &status)
         .await?;
     ctx.demand.wrote_idle_since(&tool, plan.idle_since);
     Ok(Outcome { requeue })

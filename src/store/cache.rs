@@ -1,20 +1,13 @@
-//! A small object cache fed by kube's watcher: what the reconcilers read instead of
-//! asking the API server, and what the connector turns into snapshots and deltas.
+//! A small object cache of one type, and the gate that opens once every watch listed.
 //!
 //! One cache per type may be fed by several watch streams (one per watched namespace);
 //! a re-list of one stream only prunes objects of its own namespace.
 
 use std::collections::{BTreeMap, HashSet};
-use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
-use futures::{StreamExt, TryStreamExt};
-use kube::api::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
 use kube::{Resource, ResourceExt};
-use serde::de::DeserializeOwned;
 
 /// `(namespace, name)`.
 pub type ObjKey = (String, String);
@@ -78,7 +71,7 @@ impl<K: ResourceExt> Cache<K> {
         self.len() == 0
     }
 
-    fn insert(&self, mut obj: K) -> Arc<K> {
+    pub(super) fn insert(&self, mut obj: K) -> Arc<K> {
         let key = (obj.namespace().unwrap_or_default(), obj.name_any());
         trim(&mut obj);
         let obj = Arc::new(obj);
@@ -87,13 +80,13 @@ impl<K: ResourceExt> Cache<K> {
         obj
     }
 
-    fn remove(&self, key: &ObjKey) -> Option<Arc<K>> {
+    pub(super) fn remove(&self, key: &ObjKey) -> Option<Arc<K>> {
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
         objects.remove(key)
     }
 
     /// Removes the objects of `scope` (a namespace, or all) not in `seen`.
-    fn prune(&self, scope: Option<&str>, seen: &HashSet<ObjKey>) -> Vec<Arc<K>> {
+    pub(super) fn prune(&self, scope: Option<&str>, seen: &HashSet<ObjKey>) -> Vec<Arc<K>> {
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
         let stale: Vec<ObjKey> = objects
             .keys()
@@ -116,7 +109,7 @@ impl SyncGate {
     pub fn expect(&self) {
         self.expected.fetch_add(1, Ordering::SeqCst);
     }
-    fn mark(&self) {
+    pub(super) fn mark(&self) {
         self.synced.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_waiters();
     }
@@ -132,86 +125,6 @@ impl SyncGate {
                 return;
             }
             changed.await;
-        }
-    }
-}
-
-/// What changed, for whoever listens (the work queue, the connector).
-pub enum Change<'a, K> {
-    Upsert(&'a Arc<K>),
-    Remove(&'a Arc<K>),
-}
-
-/// Feeds `cache` from one watch stream until the stream ends (it never does on its own:
-/// the watcher retries with backoff). `on_change` runs for every change, in order.
-///
-/// The stream is counted in `gate` when `drive` is called, not when its future first
-/// runs: otherwise the gate could say "synced" while a spawned stream has not started
-/// (a Tool decided before the Agent watch listed would see no users).
-pub fn drive<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    scope: Option<String>,
-    cache: Arc<Cache<K>>,
-    gate: Arc<SyncGate>,
-    on_change: impl Fn(Change<'_, K>) + Send,
-) -> impl Future<Output = ()> + Send
-where
-    K: Resource + ResourceExt + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    gate.expect();
-    drive_counted(api, config, scope, cache, gate, on_change)
-}
-
-async fn drive_counted<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    scope: Option<String>,
-    cache: Arc<Cache<K>>,
-    gate: Arc<SyncGate>,
-    on_change: impl Fn(Change<'_, K>) + Send,
-) where
-    K: Resource + ResourceExt + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    let mut first_sync = true;
-    let mut seen: HashSet<ObjKey> = HashSet::new();
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-    loop {
-        let event = match stream.try_next().await {
-            Ok(Some(event)) => event,
-            Ok(None) => return,
-            Err(err) => {
-                // The backoff wrapper already paces retries; the stream goes on.
-                tracing::warn!(error = %err, "watch failed, retrying");
-                continue;
-            }
-        };
-        match event {
-            Event::Init => seen.clear(),
-            Event::InitApply(obj) => {
-                seen.insert((obj.namespace().unwrap_or_default(), obj.name_any()));
-                let obj = cache.insert(obj);
-                on_change(Change::Upsert(&obj));
-            }
-            Event::InitDone => {
-                for gone in cache.prune(scope.as_deref(), &seen) {
-                    on_change(Change::Remove(&gone));
-                }
-                seen.clear();
-                if first_sync {
-                    first_sync = false;
-                    gate.mark();
-                }
-            }
-            Event::Apply(obj) => {
-                let obj = cache.insert(obj);
-                on_change(Change::Upsert(&obj));
-            }
-            Event::Delete(obj) => {
-                let key = (obj.namespace().unwrap_or_default(), obj.name_any());
-                let gone = cache.remove(&key).unwrap_or_else(|| Arc::new(obj));
-                on_change(Change::Remove(&gone));
-            }
         }
     }
 }

@@ -1,0 +1,348 @@
+//! The manager's writes to the cluster: server-side apply of children, pod create and
+//! delete, status patches and Events. Reads come from the [`crate::store::Store`]; the one
+//! direct read here (`get_secret`) is of a Secret the store does not watch.
+//!
+//! Every write returns `Err` for what is worth retrying (the API server unreachable, a
+//! conflict) and [`Written::Refused`] for what is not (the API server refused the object,
+//! or a same-named object belongs to someone else): the owner's status says why.
+
+use std::fmt::Debug;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::Error;
+use crate::crd::PhaseStatus;
+use crate::store::{PodView, is_owned_by};
+use crate::text::cap_utf8;
+
+/// The field manager of every server-side apply, and the Events' reporting controller.
+pub const FIELD_MANAGER: &str = "autonomic-manager";
+
+/// How a write ended, when it did not fail in a way worth retrying.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum Written {
+    Done,
+    Refused(Refused),
+}
+
+impl Written {
+    pub fn refused(self) -> Option<Refused> {
+        match self {
+            Written::Done => None,
+            Written::Refused(r) => Some(r),
+        }
+    }
+}
+
+/// Why a child was not written; retrying the same object would not help.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// A same-named object exists that the owner does not control: never taken over.
+    #[error("{kind} {name:?} exists and is not owned by the manager")]
+    NotOurs { kind: String, name: String },
+    /// The API server refused the object (400, 403, 422): its own words.
+    #[error("{kind} {name:?} refused: {message}")]
+    Invalid {
+        kind: String,
+        name: String,
+        message: String,
+    },
+}
+
+impl Refused {
+    fn not_ours(kind: &str, name: &str) -> Self {
+        Refused::NotOurs {
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    fn invalid(kind: &str, name: &str, e: &kube::Error) -> Self {
+        Refused::Invalid {
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            message: api_message(e),
+        }
+    }
+}
+
+/// The HTTP status of an API error.
+pub fn api_status(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+/// The API server's own words, for a status message.
+fn api_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => s.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Whether `actual` holds every field `desired` sets, with the same value; fields the
+/// API server adds (defaults, metadata) are ignored. Lists must have the same length and
+/// hold their elements in order.
+pub fn holds(actual: &serde_json::Value, desired: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (actual, desired) {
+        (Value::Object(a), Value::Object(d)) => d
+            .iter()
+            .all(|(k, dv)| dv.is_null() || a.get(k).is_some_and(|av| holds(av, dv))),
+        (Value::Array(a), Value::Array(d)) => {
+            a.len() == d.len() && a.iter().zip(d).all(|(x, y)| holds(x, y))
+        }
+        _ => actual == desired,
+    }
+}
+
+/// The writer: a client and the Event recorder.
+#[derive(Clone)]
+pub struct Kube {
+    client: Client,
+    recorder: Recorder,
+}
+
+impl Kube {
+    /// `instance`: this replica's name, in the Events it records.
+    pub fn new(client: Client, instance: &str) -> Self {
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(instance.to_owned()),
+        };
+        Kube {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+        }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn api<T>(&self, ns: &str) -> Api<T>
+    where
+        T: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
+    {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    /// Server-side applies a child. The outer error is transient; the inner one says the
+    /// API server refused it or a same-named object belongs to someone else (we never
+    /// take over or delete what is not ours).
+    ///
+    /// `cached` is the watch cache's copy: when it is ours and already holds every field
+    /// of `obj`, nothing is sent (most reconciles of an Agent change nothing, and a GET
+    /// plus an apply each would double the API server's work). A change made to the
+    /// child since arrives as a watch event that requeues the owner.
+    pub async fn apply<T>(&self, ns: &str, obj: &T, cached: Option<&T>) -> Result<Written, Error>
+    where
+        T: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + Clone
+            + Debug
+            + Serialize
+            + DeserializeOwned,
+    {
+        let api: Api<T> = self.api(ns);
+        let name = obj.name_any();
+        let kind = T::kind(&());
+        let owner = obj.owner_references().first().map(|r| r.uid.as_str());
+        if let Some(cached) = cached
+            && is_owned_by(cached.meta(), owner)
+            && holds(
+                &serde_json::to_value(cached).unwrap_or_default(),
+                &serde_json::to_value(obj).unwrap_or_default(),
+            )
+        {
+            return Ok(Written::Done);
+        }
+        let existing = api
+            .get_opt(&name)
+            .await
+            .map_err(|e| Error::kube(format!("unable to get {kind} {ns}/{name}"), e))?;
+        if let Some(existing) = existing
+            && !is_owned_by(existing.meta(), owner)
+        {
+            return Ok(Written::Refused(Refused::not_ours(&kind, &name)));
+        }
+        let pp = PatchParams::apply(FIELD_MANAGER).force();
+        match api.patch(&name, &pp, &Patch::Apply(obj)).await {
+            Ok(_) => Ok(Written::Done),
+            Err(e) if matches!(api_status(&e), Some(400 | 403 | 422)) => {
+                Ok(Written::Refused(Refused::invalid(&kind, &name, &e)))
+            }
+            Err(e) => Err(Error::kube(
+                format!("unable to apply {kind} {ns}/{name}"),
+                e,
+            )),
+        }
+    }
+
+    /// Creates a pod; an already existing one is fine (the watch will show it). The inner
+    /// error is the API server's refusal, to report as the owner's `Error`.
+    pub async fn create_pod(&self, pod: &Pod) -> Result<Written, Error> {
+        let ns = pod.namespace().unwrap_or_default();
+        let name = pod.name_any();
+        // Api::create, but reading the answer as the slim PodView: the manager never
+        // parses a whole k8s-openapi Pod (see pod.rs).
+        let create = async {
+            let body = serde_json::to_vec(pod).map_err(kube::Error::SerdeError)?;
+            let mut req = kube::core::Request::new(Pod::url_path(&(), Some(&ns)))
+                .create(&PostParams::default(), body)
+                .map_err(kube::Error::BuildRequest)?;
+            req.extensions_mut().insert("create");
+            self.client.request::<PodView>(req).await
+        };
+        match create.await {
+            Ok(_) => {
+                tracing::info!(pod = %name, namespace = %ns, "pod created");
+                Ok(Written::Done)
+            }
+            // Ours and not yet in the cache is fine; someone else's is never touched.
+            Err(e) if api_status(&e) == Some(409) => {
+                let owner = pod.owner_references().first().map(|r| r.uid.as_str());
+                let existing = self
+                    .api::<PodView>(&ns)
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| Error::kube(format!("unable to get pod {ns}/{name}"), e))?;
+                match existing {
+                    Some(p) if !is_owned_by(&p.metadata, owner) => {
+                        Ok(Written::Refused(Refused::not_ours("Pod", &name)))
+                    }
+                    _ => Ok(Written::Done),
+                }
+            }
+            Err(e) if matches!(api_status(&e), Some(400 | 403 | 422)) => {
+                Ok(Written::Refused(Refused::invalid("Pod", &name, &e)))
+            }
+            Err(e) => Err(Error::kube(format!("unable to create pod {ns}/{name}"), e)),
+        }
+    }
+
+    /// Deletes exactly this pod (by uid): a pod recreated meanwhile is left alone.
+    pub async fn delete_pod(&self, pod: &PodView) -> Result<(), Error> {
+        let ns = pod.namespace().unwrap_or_default();
+        let name = pod.name_any();
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: pod.uid(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match self.api::<PodView>(&ns).delete(&name, &dp).await {
+            Ok(_) => {
+                tracing::info!(pod = %name, namespace = %ns, "pod deleted");
+                Ok(())
+            }
+            Err(e) if matches!(api_status(&e), Some(404 | 409)) => Ok(()),
+            Err(e) => Err(Error::kube(format!("unable to delete pod {ns}/{name}"), e)),
+        }
+    }
+
+    pub async fn get_secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, Error> {
+        self.api::<Secret>(ns)
+            .get_opt(name)
+            .await
+            .map_err(|e| Error::kube(format!("unable to get Secret {ns}/{name}"), e))
+    }
+
+    /// Writes `status` through the status subresource when it differs from `old`, and
+    /// records a Kubernetes Event when the phase changes.
+    pub async fn write_status<K, S>(
+        &self,
+        obj: &K,
+        old: Option<&S>,
+        status: &S,
+    ) -> Result<(), Error>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + Clone
+            + Debug
+            + DeserializeOwned,
+        S: PhaseStatus,
+    {
+        if old == Some(status) {
+            return Ok(());
+        }
+        let ns = obj.namespace().unwrap_or_default();
+        let name = obj.name_any();
+        let kind = K::kind(&());
+        // A merge patch of the whole status: unset fields are sent as null and removed.
+        let patch = serde_json::json!({ "status": status });
+        match self
+            .api::<K>(&ns)
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            // Deleted meanwhile: nothing to report on.
+            Err(e) if api_status(&e) == Some(404) => return Ok(()),
+            Err(e) => {
+                return Err(Error::kube(
+                    format!("unable to update status of {kind} {ns}/{name}"),
+                    e,
+                ));
+            }
+        }
+        let phase = status.phase_name().unwrap_or_default();
+        if old.and_then(|o| o.phase_name()).as_deref() != Some(phase.as_str()) {
+            let message = status.message_text();
+            tracing::info!(%kind, namespace = %ns, %name, %phase, %message, "phase changed");
+            let event = KubeEvent {
+                type_: if status.is_warning() {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                reason: phase.clone(),
+                note: Some(cap_utf8(message, 1000).to_owned()).filter(|m| !m.is_empty()),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            self.publish(obj, event).await;
+        }
+        Ok(())
+    }
+
+    async fn publish<K: Resource<DynamicType = ()>>(&self, obj: &K, event: KubeEvent) {
+        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::debug!(error = %e, "unable to record event");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holds_ignores_what_the_server_adds_but_not_what_we_set() {
+        use serde_json::json;
+        let desired = json!({"metadata": {"name": "a", "labels": {"x": "1"}},
+                             "spec": {"ports": [{"port": 80}]}, "data": {"k": "dg=="}});
+        let actual = json!({"metadata": {"name": "a", "uid": "u", "labels": {"x": "1", "y": "2"}},
+                            "spec": {"ports": [{"port": 80, "protocol": "TCP"}], "clusterIP": "10.0.0.1"},
+                            "data": {"k": "dg=="}});
+        assert!(holds(&actual, &desired));
+        let mut changed = actual.clone();
+        changed["data"]["k"] = json!("dw==");
+        assert!(!holds(&changed, &desired));
+        let mut extra_port = actual.clone();
+        extra_port["spec"]["ports"] = json!([{"port": 80}, {"port": 81}]);
+        assert!(!holds(&extra_port, &desired));
+        let mut no_label = actual;
+        no_label["metadata"]["labels"] = json!({"y": "2"});
+        assert!(!holds(&no_label, &desired));
+    }
+}

@@ -1,0 +1,112 @@
+//! What the manager knows of the cluster: one cache per watched type, filled by the
+//! watches (`watch`), read by the reconcilers and the connector instead of the API
+//! server. Tests build a `Store` in memory and fill it by hand.
+//!
+//! Layers: `crd` ← `store` ← `reconcile` ← `connect`; nothing here writes to the cluster.
+
+mod cache;
+mod pod;
+pub mod watch;
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+pub use cache::{Cache, ObjKey, SyncGate, trim};
+pub use pod::{ContainerView, PodView, PodViewSpec, PodViewStatus};
+
+use crate::crd::{Agent, Key, Kind, Memory, Runtime, Tool};
+
+/// The label every object the manager creates carries, and its value.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const MANAGER: &str = "autonomic";
+/// Label selector for everything the manager creates: the child watches see only these.
+pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=autonomic";
+
+/// The latest state of every watched object.
+#[derive(Default)]
+pub struct Store {
+    pub agents: Cache<Agent>,
+    pub tools: Cache<Tool>,
+    pub runtimes: Cache<Runtime>,
+    pub memories: Cache<Memory>,
+    /// Pods, Services and Secrets labelled as ours.
+    pub pods: Cache<PodView>,
+    pub services: Cache<Service>,
+    pub secrets: Cache<Secret>,
+    /// Opens once every watch has listed.
+    pub synced: SyncGate,
+}
+
+impl Store {
+    /// Pod `name` of `ns` if the object with uid `owner` controls it: a same-named pod
+    /// of someone else's is never read as ours.
+    pub fn owned_pod(&self, ns: &str, name: &str, owner: Option<&str>) -> Option<Arc<PodView>> {
+        self.pods
+            .get(ns, name)
+            .filter(|p| is_owned_by(&p.metadata, owner))
+    }
+
+    /// The Agents of `ns` for which `uses` holds.
+    pub fn agents_where(&self, ns: &str, uses: impl Fn(&Agent) -> bool) -> Vec<Arc<Agent>> {
+        let mut agents = self.agents.in_namespace(ns);
+        agents.retain(|a| uses(a));
+        agents
+    }
+
+    /// The key of every custom resource.
+    pub fn keys(&self) -> Vec<Key> {
+        let mut keys = Vec::new();
+        keys.extend(self.agents.all().iter().map(|a| Key::of(Kind::Agent, &**a)));
+        keys.extend(self.tools.all().iter().map(|t| Key::of(Kind::Tool, &**t)));
+        keys.extend(
+            self.runtimes
+                .all()
+                .iter()
+                .map(|r| Key::of(Kind::Runtime, &**r)),
+        );
+        keys.extend(
+            self.memories
+                .all()
+                .iter()
+                .map(|m| Key::of(Kind::Memory, &**m)),
+        );
+        keys
+    }
+}
+
+/// The kind and name of the custom resource that controls `meta`, if it is ours.
+pub fn controller_of(meta: &ObjectMeta) -> Option<(Kind, &str)> {
+    meta.owner_references
+        .as_ref()?
+        .iter()
+        .find(|r| r.controller == Some(true) && r.api_version == crate::crd::API_VERSION)
+        .and_then(|r| Some((Kind::parse(&r.kind)?, r.name.as_str())))
+}
+
+/// Whether `child` is controlled by the object with `uid`.
+pub fn is_owned_by(child: &ObjectMeta, uid: Option<&str>) -> bool {
+    let Some(uid) = uid else { return false };
+    child
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true) && r.uid == uid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controller_of_finds_our_kinds_only() {
+        let meta: ObjectMeta = serde_saphyr::from_str(
+            "{name: x, ownerReferences: [{apiVersion: apps/v1, kind: ReplicaSet, name: r, uid: '1', controller: true}, {apiVersion: autonomic.sh/v1alpha1, kind: Tool, name: t, uid: '2', controller: true}]}",
+        )
+        .unwrap();
+        assert_eq!(controller_of(&meta), Some((Kind::Tool, "t")));
+        assert!(is_owned_by(&meta, Some("2")));
+        assert!(!is_owned_by(&meta, Some("3")));
+    }
+}
