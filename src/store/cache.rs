@@ -71,7 +71,7 @@ impl<K: ResourceExt> Cache<K> {
         self.len() == 0
     }
 
-    pub(super) fn insert(&self, mut obj: K) -> Arc<K> {
+    pub fn insert(&self, mut obj: K) -> Arc<K> {
         let key = (obj.namespace().unwrap_or_default(), obj.name_any());
         trim(&mut obj);
         let obj = Arc::new(obj);

@@ -1,0 +1,340 @@
+//! One session's exec: the process under the pid-announcing wrapper, its output pumped
+//! to the connection in chunks, its input and resizes passed on, and its end (SIGHUP,
+//! then SIGKILL) when the session closes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, AttachParams, TerminalSize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, sleep_until, timeout};
+
+use super::exit::{Exit, exit_code, failed};
+use super::{Event, Stream};
+
+/// Largest payload of one output frame.
+const CHUNK: usize = 32 * 1024;
+/// The exec's own pipe buffers (kube's default is 1 KiB: slow for `cat` of a big file).
+const EXEC_BUFFER: usize = 64 * 1024;
+/// Bound on starting an exec (the API server or kubelet may not answer).
+const EXEC_START_TIMEOUT: Duration = Duration::from_secs(20);
+/// After SIGHUP, how long before the session is cut regardless.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+/// How long to wait for the exit status once the output has ended.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The wrapper: `$0`-free, no quoting of the user's arguments (they are `$@`).
+const WRAPPER: &str = r#"printf '\033]autonomic;pid=%s\007' "$$"; exec "$@""#;
+const PID_MARKER: &[u8] = b"\x1b]autonomic;pid=";
+/// SIGHUP, up to 2 s for the process to go, then SIGKILL.
+const KILLER: &str = r#"kill -HUP "$1" 2>/dev/null || exit 0
+for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$1" 2>/dev/null || exit 0; sleep 0.2; done
+kill -KILL "$1" 2>/dev/null; exit 0"#;
+
+/// One session's exec, run as its own task.
+pub(super) struct Exec {
+    pub(super) client: Client,
+    pub(super) channel: u32,
+    pub(super) namespace: String,
+    pub(super) pod: String,
+    pub(super) container: String,
+    pub(super) command: Vec<String>,
+    pub(super) tty: bool,
+    pub(super) stdin: mpsc::UnboundedReceiver<Vec<u8>>,
+    pub(super) stdin_pending: Arc<AtomicUsize>,
+    pub(super) resize: watch::Receiver<(u16, u16)>,
+    pub(super) close: watch::Receiver<Option<String>>,
+    pub(super) events: mpsc::Sender<Event>,
+}
+
+impl Exec {
+    pub(super) async fn run(mut self) {
+        let exit = self.exec().await;
+        let _ = self.events.send(Event::Exited(self.channel, exit)).await;
+    }
+
+    async fn exec(&mut self) -> Exit {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let params = AttachParams::default()
+            .container(self.container.clone())
+            .stdin(true)
+            .stdout(true)
+            .stderr(!self.tty)
+            .tty(self.tty)
+            .max_stdin_buf_size(EXEC_BUFFER)
+            .max_stdout_buf_size(EXEC_BUFFER)
+            .max_stderr_buf_size(EXEC_BUFFER);
+        let command = wrapped(&self.command);
+        let started = tokio::select! {
+            r = timeout(EXEC_START_TIMEOUT, api.exec(&self.pod, command, &params)) => r,
+            _ = self.close.changed() => return self.closed_reason("closed before the exec started"),
+        };
+        let mut process = match started {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => return failed(format!("exec failed: {e}")),
+            Err(_) => {
+                return failed(format!(
+                    "exec did not start within {} s",
+                    EXEC_START_TIMEOUT.as_secs()
+                ));
+            }
+        };
+        if self.events.send(Event::Opened(self.channel)).await.is_err() {
+            return failed("the connection is gone".into());
+        }
+        let mut size = process.terminal_size();
+        if let Some(tx) = size.as_mut() {
+            let (cols, rows) = *self.resize.borrow_and_update();
+            let _ = tx.try_send(terminal(cols, rows));
+        }
+        let (Some(mut stdout), Some(mut stdin), Some(status)) =
+            (process.stdout(), process.stdin(), process.take_status())
+        else {
+            return failed("exec streams missing".into());
+        };
+        let mut stderr = process.stderr();
+        let mut marker = PidMarker::default();
+        let mut out_open = true;
+        let mut err_open = stderr.is_some();
+        let mut out_buf = vec![0u8; CHUNK];
+        let mut err_buf = vec![0u8; CHUNK];
+        let mut cut_at: Option<Instant> = None;
+        let mut kill_pending = false;
+        let mut reason: Option<String> = None;
+        let spawn_kill = |pid: u32| {
+            let (ns, pod, container) = (&self.namespace, &self.pod, &self.container);
+            tokio::spawn(kill(
+                self.client.clone(),
+                ns.clone(),
+                pod.clone(),
+                container.clone(),
+                pid,
+            ));
+        };
+        // Stdin is fed from its own future so that a process not reading its input
+        // cannot stop its output from being read (the exec's pipes would deadlock).
+        let pending = self.stdin_pending.clone();
+        let stdin_rx = &mut self.stdin;
+        let feed = async move {
+            while let Some(chunk) = stdin_rx.recv().await {
+                pending.fetch_sub(chunk.len(), Relaxed);
+                if stdin.write_all(&chunk).await.is_err() {
+                    break;
+                }
+            }
+            // Keep the writer: dropping it would close the whole exec stream (v4).
+            std::future::pending::<()>().await;
+        };
+        tokio::pin!(feed);
+        while out_open || err_open {
+            tokio::select! {
+                r = stdout.read(&mut out_buf), if out_open => match r {
+                    Ok(0) | Err(_) => out_open = false,
+                    Ok(n) => {
+                        let data = marker.feed(&out_buf[..n]);
+                        if kill_pending && let Some(pid) = marker.pid {
+                            kill_pending = false;
+                            spawn_kill(pid);
+                        }
+                        // Once closed, output is drained, not sent: no one reads it, and
+                        // waiting for room would hold up the process's end.
+                        if !data.is_empty() && cut_at.is_none() && self.events.send(Event::Output(self.channel, Stream::Stdout, data)).await.is_err() {
+                            process.abort();
+                            return failed("the connection is gone".into());
+                        }
+                    }
+                },
+                r = read_some(&mut stderr, &mut err_buf), if err_open => match r {
+                    Ok(0) | Err(_) => err_open = false,
+                    Ok(n) => {
+                        let data = err_buf[..n].to_vec();
+                        if cut_at.is_none() && self.events.send(Event::Output(self.channel, Stream::Stderr, data)).await.is_err() {
+                            process.abort();
+                            return failed("the connection is gone".into());
+                        }
+                    }
+                },
+                _ = &mut feed => {}
+                Ok(()) = self.resize.changed() => {
+                    let (cols, rows) = *self.resize.borrow_and_update();
+                    if let Some(tx) = size.as_mut() {
+                        let _ = tx.try_send(terminal(cols, rows));
+                    }
+                }
+                Ok(()) = self.close.changed(), if cut_at.is_none() => {
+                    reason = self.close.borrow().clone();
+                    cut_at = Some(Instant::now() + KILL_GRACE);
+                    match marker.pid {
+                        Some(pid) => spawn_kill(pid),
+                        // The pid is still on its way: the kill follows it (above).
+                        None => kill_pending = true,
+                    }
+                }
+                _ = sleep_until(cut_at.unwrap_or_else(Instant::now)), if cut_at.is_some() => {
+                    process.abort();
+                    break;
+                }
+            }
+        }
+        let code = match timeout(STATUS_TIMEOUT, status).await {
+            Ok(Some(s)) => exit_code(&s),
+            _ => None,
+        };
+        Exit {
+            code,
+            reason: reason.unwrap_or_else(|| "exited".into()),
+        }
+    }
+
+    fn closed_reason(&self, fallback: &str) -> Exit {
+        failed(
+            self.close
+                .borrow()
+                .clone()
+                .unwrap_or_else(|| fallback.to_owned()),
+        )
+    }
+}
+
+fn terminal(cols: u16, rows: u16) -> TerminalSize {
+    TerminalSize {
+        width: cols.max(1),
+        height: rows.max(1),
+    }
+}
+
+async fn read_some<R: AsyncRead + Unpin>(
+    r: &mut Option<R>,
+    buf: &mut [u8],
+) -> std::io::Result<usize> {
+    match r {
+        Some(r) => r.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The user's command under the pid-printing wrapper.
+fn wrapped(command: &[String]) -> Vec<String> {
+    ["/bin/sh", "-c", WRAPPER, "sh"]
+        .into_iter()
+        .map(String::from)
+        .chain(command.iter().cloned())
+        .collect()
+}
+
+/// Ends the session's process: SIGHUP, then SIGKILL (see the module's doc).
+async fn kill(client: Client, namespace: String, pod: String, container: String, pid: u32) {
+    let api: Api<Pod> = Api::namespaced(client, &namespace);
+    // The API server wants at least one stream; the killer prints nothing.
+    let params = AttachParams::default()
+        .container(container)
+        .stdin(false)
+        .stdout(true)
+        .stderr(false);
+    let command = ["/bin/sh", "-c", KILLER, "sh", &pid.to_string()];
+    let run = async {
+        let process = api
+            .exec(&pod, command, &params)
+            .await
+            .map_err(|e| e.to_string())?;
+        process.join().await.map_err(|e| e.to_string())
+    };
+    let result = timeout(KILL_GRACE, run)
+        .await
+        .unwrap_or_else(|_| Err("the kill exec did not finish in time".into()));
+    if let Err(error) = result {
+        tracing::warn!(%namespace, %pod, pid, %error, "could not end a shell session's process");
+    }
+}
+
+/// Finds and removes the wrapper's pid announcement at the start of the output.
+#[derive(Debug, Default)]
+pub struct PidMarker {
+    pub pid: Option<u32>,
+    /// Output held back while the announcement may still be arriving.
+    held: Vec<u8>,
+    done: bool,
+}
+
+/// Past this many bytes without the announcement, output is passed on as it is.
+const MARKER_WINDOW: usize = 256;
+
+impl PidMarker {
+    /// Feeds output; returns what to pass on.
+    pub fn feed(&mut self, data: &[u8]) -> Vec<u8> {
+        if self.done {
+            return data.to_vec();
+        }
+        self.held.extend_from_slice(data);
+        if let Some(start) = find(&self.held, PID_MARKER) {
+            let digits = start + PID_MARKER.len();
+            if let Some(len) = self.held[digits..].iter().position(|&b| b == 0x07) {
+                self.pid = std::str::from_utf8(&self.held[digits..digits + len])
+                    .ok()
+                    .and_then(|s| s.parse().ok());
+                self.done = true;
+                let mut out = self.held[..start].to_vec();
+                out.extend_from_slice(&self.held[digits + len + 1..]);
+                self.held = Vec::new();
+                return out;
+            }
+        }
+        if self.held.len() > MARKER_WINDOW {
+            self.done = true;
+            return std::mem::take(&mut self.held);
+        }
+        Vec::new()
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pid_announcement_is_removed_however_it_is_split() {
+        let stream = b"\0\x1b]autonomic;pid=4242\x07hello\r\n";
+        for split in 0..stream.len() {
+            let mut m = PidMarker::default();
+            let mut out = m.feed(&stream[..split]);
+            out.extend(m.feed(&stream[split..]));
+            assert_eq!(out, b"\0hello\r\n", "split at {split}");
+            assert_eq!(m.pid, Some(4242));
+        }
+        // Later output is passed through untouched, even if it looks like a marker.
+        let mut m = PidMarker::default();
+        m.feed(b"\x1b]autonomic;pid=1\x07");
+        assert_eq!(
+            m.feed(b"\x1b]autonomic;pid=2\x07"),
+            b"\x1b]autonomic;pid=2\x07"
+        );
+        assert_eq!(m.pid, Some(1));
+    }
+
+    #[test]
+    fn output_without_an_announcement_is_not_held_forever() {
+        let mut m = PidMarker::default();
+        let mut out = Vec::new();
+        for _ in 0..10 {
+            out.extend(m.feed(&[b'x'; 40]));
+        }
+        assert_eq!(out.len(), 400);
+        assert_eq!(m.pid, None);
+    }
+
+    #[test]
+    fn the_wrapper_passes_arguments_untouched() {
+        let cmd = vec!["echo".to_owned(), "a b; rm -rf /".to_owned()];
+        let w = wrapped(&cmd);
+        assert_eq!(&w[..2], ["/bin/sh", "-c"]);
+        assert_eq!(&w[3..], ["sh", "echo", "a b; rm -rf /"]);
+    }
+}
