@@ -366,7 +366,7 @@ impl Context {
         let phase = status.phase_name().unwrap_or_default();
         if old.and_then(|o| o.phase_name()).as_deref() != Some(phase.as_str()) {
             let message = status.message_text();
-            tracing::info!(%kind, namespace = %ns, %name, %phase, %message, "phase changed");
+            tracing::info!(%kind, namespace = %ns, %name, %phase, status_message = %message, "phase changed");
             let event = KubeEvent {
                 type_: if status.is_warning() {
                     EventType::Warning
@@ -581,7 +581,7 @@ pub fn spawn_workers(ctx: &Arc<Context>, tasks: &mut tokio::task::JoinSet<()>) {
 }
 
 async fn run_one(ctx: &Arc<Context>, key: Key) {
-    let span = tracing::info_span!("reconcile", kind = %key.kind, namespace = %key.namespace, name = %key.name);
+    let span = tracing::info_span!("reconcile", kind = %key.kind, namespace = %key.namespace, object = %key.name);
     let result = async {
         let (ns, name) = (&key.namespace, &key.name);
         match key.kind {
