@@ -298,7 +298,7 @@ impl Kube {
         let phase = status.phase_name().unwrap_or_default();
         if old.and_then(|o| o.phase_name()).as_deref() != Some(phase.as_str()) {
             let message = status.message_text();
-            tracing::info!(%kind, namespace = %ns, %name, %phase, %message, "phase changed");
+            tracing::info!(%kind, namespace = %ns, %name, %phase, status_message = %message, "phase changed");
             let event = KubeEvent {
                 type_: if status.is_warning() {
                     EventType::Warning

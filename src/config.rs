@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 
+use crate::egress::{NoProxy, Proxy};
+
 /// Why the configuration was refused. Printed as one line; the process exits 2.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
@@ -162,35 +164,8 @@ fn userinfo(url: &str) -> Option<(usize, usize)> {
     authority.rfind('@').map(|at| (start, start + at))
 }
 
-/// `HTTPS_PROXY`: its `Debug` and `Display` hide the password (see [`redact_userinfo`]),
-/// so neither a log line nor a `{:?}` of the [`Config`] can show it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ProxyUrl(String);
-
-impl ProxyUrl {
-    pub fn new(url: impl Into<String>) -> Self {
-        ProxyUrl(url.into().trim().to_owned())
-    }
-    /// The URL as configured, for dialling only.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for ProxyUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&redact_userinfo(&self.0))
-    }
-}
-
-impl std::fmt::Debug for ProxyUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ProxyUrl({:?})", redact_userinfo(&self.0))
-    }
-}
-
 /// Splits `host[:port]` / `[v6][:port]`; `None` when malformed.
-fn split_host_port(authority: &str, default_port: u16) -> Option<(String, u16)> {
+pub(crate) fn split_host_port(authority: &str, default_port: u16) -> Option<(String, u16)> {
     let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
         let end = rest.find(']')?;
         let host = &rest[..end];
@@ -230,9 +205,12 @@ pub struct Config {
     /// connect time (stable across restarts, rollouts and failovers).
     pub cluster_id: Option<String>,
     pub transport: Transport,
+    /// Extra roots (see [`crate::egress::root_store`]).
     pub ca_file: Option<PathBuf>,
-    pub https_proxy: Option<ProxyUrl>,
-    pub no_proxy: Option<String>,
+    pub ssl_cert_file: Option<PathBuf>,
+    pub ssl_cert_dirs: Vec<PathBuf>,
+    pub https_proxy: Option<Proxy>,
+    pub no_proxy: NoProxy,
     pub allow_insecure: bool,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
@@ -246,6 +224,7 @@ pub struct Config {
     pub namespaces: Vec<String>,
     pub probe_addr: SocketAddr,
     pub leader_election: bool,
+    /// `AUTONOMIC_LOG`, checked: `level` and `target=level` directives, comma-separated.
     pub log_filter: String,
     pub log_format: LogFormat,
     /// Where the manager itself runs (downward API), for `hello` and the Lease.
@@ -258,10 +237,232 @@ pub struct Config {
 
 pub const DEFAULT_BASE_URL: &str = "https://exo.adaptive.live";
 
+/// One environment variable the manager reads, as `autonomic-manager --help` lists it.
+pub struct EnvVar {
+    pub name: &'static str,
+    /// Other names read for the same setting, after `name` (the lower-case proxy
+    /// variables; `HOSTNAME` for `POD_NAME`).
+    pub also: &'static [&'static str],
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+const fn env(name: &'static str, default: &'static str, meaning: &'static str) -> EnvVar {
+    EnvVar {
+        name,
+        also: &[],
+        default,
+        meaning,
+    }
+}
+
+/// Every variable [`Config::parse`] reads: the one list `--help` prints, and a test
+/// checks it against what `parse` asks for, so neither can drift from the other.
+pub const ENV_VARS: &[EnvVar] = &[
+    env(
+        "AUTONOMIC_MANAGED",
+        "false",
+        "true opens the control-plane connection (managed mode)",
+    ),
+    env(
+        "AUTONOMIC_BASE_URL",
+        DEFAULT_BASE_URL,
+        "platform URL, may carry a path prefix; http:// only to loopback unless AUTONOMIC_ALLOW_INSECURE=true",
+    ),
+    env(
+        "AUTONOMIC_ALLOW_INSECURE",
+        "false",
+        "true allows a plain http:// AUTONOMIC_BASE_URL to a host that is not loopback",
+    ),
+    env(
+        "AUTONOMIC_AUTH_TOKEN",
+        "-",
+        "deployment token; managed mode needs it or AUTONOMIC_AUTH_TOKEN_FILE; logs show its first 6 characters",
+    ),
+    env(
+        "AUTONOMIC_AUTH_TOKEN_FILE",
+        "-",
+        "file holding the token, read before every dial (wins over AUTONOMIC_AUTH_TOKEN)",
+    ),
+    env(
+        "AUTONOMIC_CLUSTER_ID",
+        "uid of the kube-system namespace",
+        "cluster id sent in hello",
+    ),
+    env(
+        "AUTONOMIC_TRANSPORT",
+        "ws",
+        "ws (one WebSocket), or http (the legacy reporter)",
+    ),
+    env(
+        "AUTONOMIC_CA_FILE",
+        "-",
+        "PEM bundle of extra roots for the platform's certificate",
+    ),
+    env(
+        "SSL_CERT_FILE",
+        "-",
+        "PEM bundle of extra roots, as OpenSSL and Go read it",
+    ),
+    env(
+        "SSL_CERT_DIR",
+        "-",
+        "directories (colon-separated) of PEM files of extra roots, as OpenSSL and Go read them",
+    ),
+    EnvVar {
+        name: "HTTPS_PROXY",
+        also: &["https_proxy"],
+        default: "-",
+        meaning: "proxy of the control-plane connection (HTTP CONNECT): [http://][user:password@]host[:port], port 80 by default; the API server is always reached directly",
+    },
+    EnvVar {
+        name: "NO_PROXY",
+        also: &["no_proxy"],
+        default: "-",
+        meaning: "hosts reached without the proxy, comma-separated: example.com (and its subdomains), .example.com or *.example.com (subdomains only), an IP, a CIDR (10.0.0.0/8, fd00::/8), [::1]; any with :port for that port only; * for all",
+    },
+    env(
+        "AUTONOMIC_BACKOFF_INITIAL_MS",
+        "1000",
+        "first reconnect delay (milliseconds)",
+    ),
+    env(
+        "AUTONOMIC_BACKOFF_MAX_MS",
+        "60000",
+        "reconnect delay cap (milliseconds; 5 times that after a rejected token)",
+    ),
+    env(
+        "AUTONOMIC_EVICTION_DELAY_S",
+        "300",
+        "wait after being evicted by a newer connection (seconds)",
+    ),
+    env(
+        "AUTONOMIC_WELCOME_TIMEOUT_S",
+        "10",
+        "wait for welcome before going on with the default intervals (seconds)",
+    ),
+    env(
+        "AUTONOMIC_NAMESPACES",
+        "all",
+        "namespaces to watch, comma-separated",
+    ),
+    env(
+        "AUTONOMIC_AGENTLET_IMAGE",
+        "-",
+        "agentlet image for Agents that name none",
+    ),
+    env(
+        "AUTONOMIC_AGENTLET_RESOURCES",
+        r#"{"requests":{"cpu":"10m","memory":"32Mi"},"limits":{"memory":"128Mi"}}"#,
+        "the agentlet container's requests and limits (JSON)",
+    ),
+    env(
+        "AUTONOMIC_PROBE_ADDR",
+        ":8081",
+        "listen address of /livez, /readyz and /metrics",
+    ),
+    env(
+        "AUTONOMIC_LEADER_ELECTION",
+        "false",
+        "true elects one leader among replicas on a Lease in POD_NAMESPACE",
+    ),
+    env(
+        "AUTONOMIC_LOG",
+        "info",
+        "log filter: a level and target=level directives, comma-separated (levels: off error warn info debug trace)",
+    ),
+    env(
+        "AUTONOMIC_LOG_FORMAT",
+        "text",
+        "text, or json (one object a line)",
+    ),
+    env(
+        "AUTONOMIC_MAX_SESSIONS",
+        "16",
+        "concurrent shell sessions on one connection",
+    ),
+    env(
+        "POD_NAMESPACE",
+        "default",
+        "the manager's namespace (downward API): where the leader Lease lives",
+    ),
+    EnvVar {
+        name: "POD_NAME",
+        also: &["HOSTNAME"],
+        default: "HOSTNAME, else autonomic-manager",
+        meaning: "the manager's pod (downward API): in hello and the Lease holder",
+    },
+    env(
+        "NODE_NAME",
+        "-",
+        "the manager's node (downward API): in hello",
+    ),
+];
+
+/// Read by the Kubernetes client rather than [`Config::parse`]; listed by `--help`.
+pub const KUBE_ENV_VARS: &[EnvVar] = &[
+    env(
+        "KUBECONFIG",
+        "~/.kube/config",
+        "kubeconfig used outside a cluster",
+    ),
+    env(
+        "KUBERNETES_SERVICE_HOST",
+        "-",
+        "set by Kubernetes in a pod, with KUBERNETES_SERVICE_PORT: the in-cluster API server and ServiceAccount",
+    ),
+];
+
+/// The commands of the binary: (name, what it does).
+pub const COMMANDS: &[(&str, &str)] = &[
+    ("run", "run the manager (the default)"),
+    ("crds", "print the CustomResourceDefinitions (YAML)"),
+    ("version", "print the version, git revision and target"),
+    ("help", "print this help (also -h, --help)"),
+];
+
+/// What `autonomic-manager --help` prints.
+pub fn usage() -> String {
+    use std::fmt::Write;
+    let mut out = String::from(
+        "autonomic-manager: the in-cluster Kubernetes operator of the autonomic.sh platform\n\n\
+         Usage: autonomic-manager [COMMAND]\n\nCommands:\n",
+    );
+    for (name, meaning) in COMMANDS {
+        let _ = writeln!(out, "  {name:<9} {meaning}");
+    }
+    out.push_str(
+        "\nEnvironment (an empty value counts as unset; an invalid one stops start-up with\n\
+         one line on stderr and exit code 2):\n",
+    );
+    let var = |out: &mut String, v: &EnvVar| {
+        let mut names = v.name.to_owned();
+        for also in v.also {
+            let _ = write!(names, ", {also}");
+        }
+        let _ = writeln!(
+            out,
+            "  {names}  (default: {})\n      {}",
+            v.default, v.meaning
+        );
+    };
+    for v in ENV_VARS {
+        var(&mut out, v);
+    }
+    out.push_str("\nRead by the Kubernetes client:\n");
+    for v in KUBE_ENV_VARS {
+        var(&mut out, v);
+    }
+    out
+}
+
 impl Config {
-    /// Reads the process environment.
+    /// Reads the process environment, and checks the files it names that must be
+    /// readable at start-up (the trust store's).
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::parse(|k| std::env::var(k).ok())
+        let config = Self::parse(|k| std::env::var(k).ok())?;
+        crate::egress::root_store(&config)?;
+        Ok(config)
     }
 
     /// Parses configuration from any variable source. Empty values count as unset.
@@ -365,6 +566,34 @@ impl Config {
                 reason: format!("expected a JSON object of requests and limits: {e}"),
             })?,
         };
+        let invalid =
+            |var: &'static str| move |reason: String| ConfigError::Invalid { var, reason };
+        let https_proxy = var("HTTPS_PROXY")
+            .map(|v| ("HTTPS_PROXY", v))
+            .or_else(|| var("https_proxy").map(|v| ("https_proxy", v)))
+            .map(|(name, v)| Proxy::parse(&v).map_err(invalid(name)))
+            .transpose()?;
+        let no_proxy = match var("NO_PROXY")
+            .map(|v| ("NO_PROXY", v))
+            .or_else(|| var("no_proxy").map(|v| ("no_proxy", v)))
+        {
+            None => NoProxy::default(),
+            Some((name, v)) => NoProxy::parse(&v).map_err(invalid(name))?,
+        };
+        let log_filter = match var("AUTONOMIC_LOG") {
+            None => "info".to_owned(),
+            Some(v) => check_log_filter(&v).map_err(invalid("AUTONOMIC_LOG"))?,
+        };
+        for ns in &namespaces {
+            if !is_dns_label(ns) {
+                return Err(ConfigError::Invalid {
+                    var: "AUTONOMIC_NAMESPACES",
+                    reason: format!(
+                        "{ns:?} is not a namespace name (lower-case letters, digits and '-', at most 63)"
+                    ),
+                });
+            }
+        }
         let backoff_initial = Duration::from_millis(number("AUTONOMIC_BACKOFF_INITIAL_MS", 1000)?);
         let backoff_max = Duration::from_millis(number("AUTONOMIC_BACKOFF_MAX_MS", 60_000)?);
         if backoff_initial.is_zero() || backoff_max < backoff_initial {
@@ -380,11 +609,20 @@ impl Config {
             token_file,
             cluster_id,
             transport,
-            ca_file: var("AUTONOMIC_CA_FILE").map(PathBuf::from),
-            https_proxy: var("HTTPS_PROXY")
-                .or_else(|| var("https_proxy"))
-                .map(ProxyUrl::new),
-            no_proxy: var("NO_PROXY").or_else(|| var("no_proxy")),
+            ca_file: var("AUTONOMIC_CA_FILE").map(|v| PathBuf::from(v.trim())),
+            ssl_cert_file: var("SSL_CERT_FILE").map(|v| PathBuf::from(v.trim())),
+            // Colon-separated, as OpenSSL and Go read it; empty parts are skipped.
+            ssl_cert_dirs: var("SSL_CERT_DIR")
+                .map(|v| {
+                    v.split(':')
+                        .map(str::trim)
+                        .filter(|d| !d.is_empty())
+                        .map(PathBuf::from)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            https_proxy,
+            no_proxy,
             allow_insecure,
             backoff_initial,
             backoff_max,
@@ -395,7 +633,7 @@ impl Config {
             namespaces,
             probe_addr,
             leader_election,
-            log_filter: var("AUTONOMIC_LOG").unwrap_or_else(|| "info".into()),
+            log_filter,
             log_format,
             pod_namespace,
             pod_name,
@@ -427,6 +665,64 @@ pub fn default_agentlet_resources() -> ResourceRequirements {
         limits: Some([("memory".to_owned(), q("128Mi"))].into()),
         ..Default::default()
     }
+}
+
+/// `AUTONOMIC_LOG` checked and normalised (directives trimmed, empty ones dropped): each
+/// directive is a level (`off`, `error`, `warn`, `info`, `debug`, `trace`) or
+/// `target=level`. `tracing_subscriber`'s own parser would take a misspelt level
+/// (`debgu`) as a target enabled at trace, silencing everything else, and a space
+/// after a comma as part of a target: both are refused here instead.
+fn check_log_filter(value: &str) -> Result<String, String> {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    let mut directives = Vec::new();
+    for directive in value.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let level = |l: &str| {
+            l.trim().parse::<LevelFilter>().map_err(|_| {
+                format!(
+                    "{l:?} in {directive:?} is not a level (off, error, warn, info, debug, trace)"
+                )
+            })
+        };
+        match directive.split_once('=') {
+            None => {
+                level(directive).map_err(|_| {
+                    format!("{directive:?} is not a level (off, error, warn, info, debug, trace); a target needs one: {directive}=debug")
+                })?;
+                directives.push(directive.to_owned());
+            }
+            Some((target, l)) => {
+                let target = target.trim();
+                let plain = !target.is_empty()
+                    && target
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ':' | '-' | '.'));
+                if !plain {
+                    return Err(format!(
+                        "{target:?} in {directive:?} is not a target (a module path such as autonomic_manager::connect; span and field filters are not supported)"
+                    ));
+                }
+                level(l)?;
+                directives.push(format!("{target}={}", l.trim()));
+            }
+        }
+    }
+    if directives.is_empty() {
+        return Err(format!("{value:?} holds no directive"));
+    }
+    let filter = directives.join(",");
+    filter
+        .parse::<Targets>()
+        .map_err(|e| format!("{value:?}: {e}"))?;
+    Ok(filter)
+}
+
+/// A Kubernetes namespace name: a DNS-1123 label.
+fn is_dns_label(s: &str) -> bool {
+    (1..=63).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
 }
 
 /// `:8081`, `0.0.0.0:8081`, `127.0.0.1:0`, `[::]:8081`.
@@ -628,7 +924,6 @@ mod tests {
             assert_eq!(redact_userinfo(url), shown, "{url}");
             assert_eq!(has_userinfo(url), url != shown, "{url}");
             assert!(has_userinfo("http://***@proxy"));
-            assert_eq!(ProxyUrl::new(url).to_string(), shown, "{url}");
         }
     }
 
@@ -647,5 +942,121 @@ mod tests {
         let c = parse(&[("AUTONOMIC_NAMESPACES", "a, b,,c ")]).unwrap();
         assert_eq!(c.namespaces, ["a", "b", "c"]);
         assert!(c.watches("b") && !c.watches("d"));
+        for bad in ["Team-A", "a b", "-a", "a_b", &"x".repeat(64)] {
+            let err = parse(&[("AUTONOMIC_NAMESPACES", bad)]).expect_err(bad);
+            assert!(
+                err.to_string().starts_with("AUTONOMIC_NAMESPACES: "),
+                "{err}"
+            );
+        }
+    }
+
+    /// Every variable `parse` asks for is in [`ENV_VARS`] (so `--help` lists it), and
+    /// every one listed is asked for.
+    #[test]
+    fn the_help_lists_exactly_the_variables_parse_reads() {
+        let asked = std::cell::RefCell::new(std::collections::BTreeSet::new());
+        Config::parse(|k| {
+            asked.borrow_mut().insert(k.to_owned());
+            None
+        })
+        .unwrap();
+        // Those read only when another is set.
+        Config::parse(|k| {
+            asked.borrow_mut().insert(k.to_owned());
+            (k == "AUTONOMIC_LEADER_ELECTION" || k == "POD_NAMESPACE").then(|| "true".into())
+        })
+        .unwrap();
+        let listed: std::collections::BTreeSet<String> = ENV_VARS
+            .iter()
+            .flat_map(|v| std::iter::once(v.name).chain(v.also.iter().copied()))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(asked.into_inner(), listed);
+        let help = usage();
+        for v in ENV_VARS.iter().chain(KUBE_ENV_VARS) {
+            assert!(help.contains(v.name), "{}", v.name);
+            assert!(help.contains(v.meaning), "{}", v.name);
+            assert!(
+                help.contains(&format!("(default: {})", v.default)),
+                "{}",
+                v.name
+            );
+        }
+        for (command, _) in COMMANDS {
+            assert!(help.contains(&format!("\n  {command} ")), "{command}");
+        }
+    }
+
+    #[test]
+    fn log_filters_are_checked_not_replaced() {
+        for (value, normalised) in [
+            ("debug", "debug"),
+            ("INFO", "INFO"),
+            (
+                "info, autonomic_manager=debug ,",
+                "info,autonomic_manager=debug",
+            ),
+            (
+                "warn,kube_runtime::watcher=off,audit=info",
+                "warn,kube_runtime::watcher=off,audit=info",
+            ),
+            ("autonomic_manager = trace", "autonomic_manager=trace"),
+        ] {
+            let c = parse(&[("AUTONOMIC_LOG", value)]).expect(value);
+            assert_eq!(c.log_filter, normalised, "{value}");
+            normalised
+                .parse::<tracing_subscriber::filter::Targets>()
+                .unwrap();
+        }
+        assert_eq!(parse(&[]).unwrap().log_filter, "info");
+        for value in [
+            "debgu",
+            "verbose",
+            "autonomic_manager",
+            "info,autonomic_manager=loud",
+            "=debug",
+            "a=b=c",
+            "info,kube[{name}]=debug",
+            "my target=debug",
+            ",",
+        ] {
+            let err = parse(&[("AUTONOMIC_LOG", value)])
+                .expect_err(value)
+                .to_string();
+            assert!(err.starts_with("AUTONOMIC_LOG: "), "{err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+
+    #[test]
+    fn proxy_settings_are_parsed_at_start() {
+        let c = parse(&[
+            ("HTTPS_PROXY", "user:s3cr3t@proxy.internal:3128"),
+            ("NO_PROXY", ".svc,10.0.0.0/8"),
+        ])
+        .unwrap();
+        let proxy = c.https_proxy.as_ref().unwrap();
+        assert_eq!(proxy.to_string(), "http://user:***@proxy.internal:3128");
+        assert_eq!(proxy.authority(), "proxy.internal:3128");
+        assert!(c.no_proxy.bypasses("api.default.svc", 443));
+        assert!(c.no_proxy.bypasses("10.96.0.1", 443));
+        assert!(!c.no_proxy.bypasses("exo.adaptive.live", 443));
+        let c = parse(&[("https_proxy", "proxy:1"), ("no_proxy", "*")]).unwrap();
+        assert_eq!(c.https_proxy.unwrap().authority(), "proxy:1");
+        assert!(c.no_proxy.bypasses("anything", 1));
+        // The upper-case name wins, as in Go.
+        let c = parse(&[("HTTPS_PROXY", "a:1"), ("https_proxy", "b:2")]).unwrap();
+        assert_eq!(c.https_proxy.unwrap().authority(), "a:1");
+        for (var, value) in [
+            ("HTTPS_PROXY", "https://user:s3cr3t@proxy:3128"),
+            ("https_proxy", "http://user:s3cr3t@proxy:http"),
+            ("NO_PROXY", "10.0.0.0/40"),
+            ("no_proxy", "bad host"),
+        ] {
+            let err = parse(&[(var, value)]).expect_err(value).to_string();
+            assert!(err.starts_with(&format!("{var}: ")), "{err}");
+            assert!(!err.contains("s3cr3t"), "{err}");
+        }
     }
 }

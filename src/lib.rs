@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod config;
 pub mod connect;
 pub mod crd;
+pub mod egress;
 pub mod health;
 pub mod leader;
 pub mod metrics;
@@ -167,7 +168,7 @@ pub async fn serve(
         version = VERSION,
         managed = config.managed,
         namespaces = ?config.namespaces,
-        // Without its password (ProxyUrl's Display).
+        // Without its password (Proxy's Display).
         https_proxy = %config.https_proxy.as_ref().map_or_else(|| "none".to_owned(), ToString::to_string),
         probe_addr = %probe_addr,
         "autonomic-manager starting"

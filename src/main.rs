@@ -1,6 +1,12 @@
 use std::process::ExitCode;
 
-use autonomic_manager::config::{Config, LogFormat};
+use autonomic_manager::config::{self, Config, LogFormat};
+
+/// The git revision this binary was built from (`+dirty`: with uncommitted changes), or
+/// `AUTONOMIC_REVISION` as given to the build, or `unknown` (see build.rs).
+const REVISION: &str = env!("AUTONOMIC_BUILD_REVISION");
+/// The target triple it was built for.
+const TARGET: &str = env!("AUTONOMIC_BUILD_TARGET");
 
 fn main() -> ExitCode {
     match std::env::args().nth(1).as_deref() {
@@ -10,12 +16,21 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Some("version" | "--version") => {
-            println!("autonomic-manager {}", autonomic_manager::VERSION);
+            println!(
+                "autonomic-manager {} (revision {REVISION}, {TARGET})",
+                autonomic_manager::VERSION
+            );
+            return ExitCode::SUCCESS;
+        }
+        Some("help" | "--help" | "-h") => {
+            print!("{}", config::usage());
             return ExitCode::SUCCESS;
         }
         Some(other) => {
+            let commands: Vec<&str> = config::COMMANDS.iter().map(|(c, _)| *c).collect();
             eprintln!(
-                "autonomic-manager: unknown command {other:?} (commands: run, crds, version)"
+                "autonomic-manager: unknown command {other:?} (commands: {}; see --help)",
+                commands.join(", ")
             );
             return ExitCode::from(2);
         }
@@ -53,10 +68,14 @@ fn init_tracing(config: &Config) {
     use tracing_subscriber::util::SubscriberInitExt;
     // `Targets` reads the same `level,target=level` directives as EnvFilter without
     // EnvFilter's regex engine (about a megabyte of binary).
-    let filter: tracing_subscriber::filter::Targets =
-        config.log_filter.parse().unwrap_or_else(|_| {
-            tracing_subscriber::filter::Targets::new().with_default(tracing::Level::INFO)
-        });
+    // Checked by Config::parse (an invalid AUTONOMIC_LOG stops start-up there).
+    let filter: tracing_subscriber::filter::Targets = match config.log_filter.parse() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("autonomic-manager: invalid configuration: AUTONOMIC_LOG: {e}");
+            std::process::exit(2);
+        }
+    };
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let registry = tracing_subscriber::registry().with(filter);
     match config.log_format {

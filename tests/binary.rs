@@ -1,6 +1,14 @@
-//! The shipped binary is static (no ELF interpreter, no shared libraries) and small.
+//! The shipped binary: static (no ELF interpreter, no shared libraries) and small; its
+//! commands, its refusals of bad configuration, and its JSON log lines.
 
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_autonomic-manager");
 
@@ -47,12 +55,37 @@ fn release_binary_is_statically_linked() {
 
 #[test]
 fn commands_and_bad_configuration() {
+    // `autonomic-manager 0.1.0 (revision 0123456789ab[+dirty], x86_64-unknown-linux-musl)`
     let out = Command::new(BIN).arg("version").output().unwrap();
     assert!(out.status.success());
-    assert_eq!(
-        String::from_utf8(out.stdout).unwrap(),
-        format!("autonomic-manager {}\n", env!("CARGO_PKG_VERSION"))
+    let version = String::from_utf8(out.stdout).unwrap();
+    let rest = version
+        .strip_prefix(&format!(
+            "autonomic-manager {} (revision ",
+            env!("CARGO_PKG_VERSION")
+        ))
+        .unwrap_or_else(|| panic!("{version:?}"));
+    let (revision, target) = rest.trim_end().split_once(", ").expect(&version);
+    let bare = revision.strip_suffix("+dirty").unwrap_or(revision);
+    assert!(
+        bare == "unknown" || (bare.len() == 12 && bare.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{version:?}"
     );
+    assert_eq!(target, "x86_64-unknown-linux-musl)", "{version:?}");
+
+    // Help: every variable the manager reads, with its default; exit 0.
+    for arg in ["--help", "-h", "help"] {
+        let out = Command::new(BIN).arg(arg).output().unwrap();
+        assert!(out.status.success(), "{arg}");
+        let help = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(help, autonomic_manager::config::usage(), "{arg}");
+        for v in autonomic_manager::config::ENV_VARS {
+            assert!(help.contains(v.name), "{arg}: {}", v.name);
+        }
+        for name in ["AUTONOMIC_LOG", "SSL_CERT_DIR", "NO_PROXY", "KUBECONFIG"] {
+            assert!(help.contains(&format!("\n  {name}")), "{arg}: {name}");
+        }
+    }
 
     let out = Command::new(BIN).arg("crds").output().unwrap();
     assert!(out.status.success());
@@ -72,6 +105,16 @@ fn commands_and_bad_configuration() {
         vec![("AUTONOMIC_BASE_URL", "not a url")],
         vec![("AUTONOMIC_BASE_URL", "http://cp.example.com")],
         vec![("AUTONOMIC_TRANSPORT", "carrier-pigeon")],
+        // Refused, not replaced by a default.
+        vec![("AUTONOMIC_LOG", "debgu")],
+        vec![("AUTONOMIC_LOG", "info,autonomic_manager=loud")],
+        vec![("AUTONOMIC_NAMESPACES", "Team-A")],
+        vec![("HTTPS_PROXY", "https://user:s3cr3t@proxy:3128")],
+        vec![("HTTPS_PROXY", "proxy:port")],
+        vec![("NO_PROXY", "10.0.0.0/33")],
+        vec![("SSL_CERT_FILE", "/nonexistent/ca.pem")],
+        vec![("SSL_CERT_DIR", "/nonexistent")],
+        vec![("AUTONOMIC_CA_FILE", "/dev/null")],
         // Leader election needs the Lease's namespace.
         vec![("AUTONOMIC_LEADER_ELECTION", "true")],
     ] {
@@ -87,5 +130,208 @@ fn commands_and_bad_configuration() {
             err.starts_with("autonomic-manager: invalid configuration: "),
             "{err}"
         );
+        // Named by the variable, the proxy's password never shown.
+        assert!(err.contains(&format!(": {}", env[0].0)), "{err}");
+        assert!(!err.contains("s3cr3t"), "{err}");
     }
+}
+
+#[test]
+fn duplicate_key_detector() {
+    use support::assert_no_duplicate_keys;
+    let clean = "text line\n{\"a\":1,\"b\":{\"a\":[{\"a\":1},{\"a\":2}]},\"c\":null}\n";
+    assert_eq!(assert_no_duplicate_keys(clean), 1);
+    for dup in [
+        r#"{"message":"phase changed","message":"ok"}"#,
+        r#"{"span":{"name":"object","name":"reconcile"}}"#,
+        r#"{"spans":[{"a":1},{"name":"x","kind":"Agent","name":"reconcile"}]}"#,
+    ] {
+        let caught = std::panic::catch_unwind(|| assert_no_duplicate_keys(dup));
+        assert!(caught.is_err(), "{dup}");
+    }
+}
+
+/// Just enough of a Kubernetes API server for one Agent to be reconciled: lists (the
+/// Agent `triage` in namespace `json-logs`, nothing else), watches that stay open and
+/// silent, writes answered with the object (a status write with the Agent), gets of
+/// single objects 404. Plain HTTP on 127.0.0.1, a thread per connection.
+fn fake_api_server() -> (u16, Arc<Mutex<Vec<String>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let agent = json!({
+        "apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
+        "metadata": {"name": "triage", "namespace": "json-logs", "uid": "8e5c1f5e-0000-4000-8000-000000000001",
+                     "resourceVersion": "1", "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"runtime": {"image": "busybox:1.36"}},
+    });
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().map_while(Result::ok) {
+            let (agent, record) = (agent.clone(), record.clone());
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut conn = conn;
+                loop {
+                    let mut request = String::new();
+                    if reader.read_line(&mut request).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut length = 0;
+                    loop {
+                        let mut header = String::new();
+                        reader.read_line(&mut header).unwrap();
+                        if header.trim().is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = header.split_once(':')
+                            && k.eq_ignore_ascii_case("content-length")
+                        {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    reader.read_exact(&mut body).unwrap();
+                    let mut words = request.split_whitespace();
+                    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+                    record.lock().unwrap().push(format!("{method} {target}"));
+                    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+                    let last = path.rsplit('/').next().unwrap_or("");
+                    let collection = [
+                        "agents",
+                        "tools",
+                        "runtimes",
+                        "memories",
+                        "pods",
+                        "services",
+                        "secrets",
+                        "events",
+                        "leases",
+                        "namespaces",
+                    ]
+                    .contains(&last);
+                    let (status, answer) = match method {
+                        "GET"
+                            if query
+                                .split('&')
+                                .any(|p| p == "watch=true" || p == "watch=1") =>
+                        {
+                            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n");
+                            std::thread::sleep(Duration::from_secs(3600));
+                            return;
+                        }
+                        "GET" if collection => {
+                            let items = if last == "agents" {
+                                vec![agent.clone()]
+                            } else {
+                                vec![]
+                            };
+                            (
+                                200,
+                                json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": items}),
+                            )
+                        }
+                        "GET" => (
+                            404,
+                            json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+                        ),
+                        _ if path.contains("/agents/") => (200, agent.clone()),
+                        _ => {
+                            let mut echo: Value =
+                                serde_json::from_slice(&body).unwrap_or(json!({}));
+                            if let Some(meta) =
+                                echo.get_mut("metadata").and_then(Value::as_object_mut)
+                            {
+                                meta.insert(
+                                    "uid".into(),
+                                    json!("8e5c1f5e-0000-4000-8000-000000000002"),
+                                );
+                                meta.insert("resourceVersion".into(), json!("2"));
+                            }
+                            (if method == "POST" { 201 } else { 200 }, echo)
+                        }
+                    };
+                    let body = answer.to_string();
+                    let head = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    if conn
+                        .write_all(head.as_bytes())
+                        .and_then(|()| conn.write_all(body.as_bytes()))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, seen)
+}
+
+/// `AUTONOMIC_LOG_FORMAT=json`: every line is one JSON object with no key twice, through
+/// start-up, the reconcile span and a phase change (whose `message` field once collided
+/// with the event's message, and the span's `name` field with the span's name).
+#[test]
+fn json_log_lines_have_no_duplicate_keys() {
+    let (port, seen) = fake_api_server();
+    let dir = support::log_dir().join(format!("json-logs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+             clusters: [{{name: fake, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n\
+             users: [{{name: fake, user: {{}}}}]\n\
+             contexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]\n"
+        ),
+    )
+    .unwrap();
+    let log = dir.join("manager.log");
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .env("KUBECONFIG", &kubeconfig)
+        .env("AUTONOMIC_LOG_FORMAT", "json")
+        .env("AUTONOMIC_LOG", "debug")
+        .env("AUTONOMIC_NAMESPACES", "json-logs")
+        .env("AUTONOMIC_PROBE_ADDR", "127.0.0.1:0")
+        .env("AUTONOMIC_AGENTLET_IMAGE", "agentlet:test")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let logs = loop {
+        let logs = std::fs::read_to_string(&log).unwrap_or_default();
+        if logs.contains("phase changed") {
+            break logs;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the manager exited ({status}):\n{logs}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no phase change logged; requests: {:?}\n{logs}",
+            seen.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let lines: Vec<&str> = logs.lines().collect();
+    assert_eq!(
+        support::assert_no_duplicate_keys(&logs),
+        lines.len(),
+        "every line is a JSON object:\n{logs}"
+    );
+    let phase: Value = lines
+        .iter()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|l| l["message"] == "phase changed")
+        .unwrap();
+    assert_eq!(phase["name"], "triage", "{phase}");
+    assert!(phase["status_message"].is_string(), "{phase}");
+    assert_eq!(phase["span"]["name"], "reconcile", "{phase}");
+    assert_eq!(phase["span"]["object"], "triage", "{phase}");
 }

@@ -801,10 +801,12 @@ async fn private_ca_is_trusted_only_when_configured() {
 
 /// A minimal HTTP `CONNECT` proxy on `127.0.0.1`, on a thread and runtime of its own (the
 /// test thread blocks in `Manager::wait_log`). It records each request line's method and
-/// target (`CONNECT 127.0.0.1:1234`), then either tunnels or refuses with `refuse`.
+/// target (`CONNECT 127.0.0.1:1234`) and its `Proxy-Authorization` header, then either
+/// tunnels or refuses with `refuse`.
 struct ConnectProxy {
     port: u16,
     seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    authorizations: std::sync::Arc<std::sync::Mutex<Vec<Option<String>>>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -816,8 +818,10 @@ impl ConnectProxy {
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let authorizations = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let record = seen.clone();
+        let record_auth = authorizations.clone();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -828,6 +832,7 @@ impl ConnectProxy {
                 let serve = async {
                     while let Ok((mut client, _)) = listener.accept().await {
                         let record = record.clone();
+                        let record_auth = record_auth.clone();
                         tokio::spawn(async move {
                             let mut head = Vec::new();
                             let mut buf = [0u8; 1024];
@@ -845,6 +850,12 @@ impl ConnectProxy {
                                 .lock()
                                 .unwrap()
                                 .push(format!("{method} {}", target.unwrap_or("")));
+                            let auth = text.lines().find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("proxy-authorization")
+                                    .then(|| v.trim().to_owned())
+                            });
+                            record_auth.lock().unwrap().push(auth);
                             let upstream = match (refuse, method, target) {
                                 (None, "CONNECT", Some(t)) => {
                                     tokio::net::TcpStream::connect(t).await.ok()
@@ -879,6 +890,7 @@ impl ConnectProxy {
         ConnectProxy {
             port,
             seen,
+            authorizations,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -890,6 +902,10 @@ impl ConnectProxy {
 
     fn seen(&self) -> Vec<String> {
         self.seen.lock().unwrap().clone()
+    }
+
+    fn authorizations(&self) -> Vec<Option<String>> {
+        self.authorizations.lock().unwrap().clone()
     }
 }
 
@@ -906,16 +922,31 @@ impl Drop for ConnectProxy {
 async fn connects_through_an_http_connect_proxy() {
     let client = client().await;
 
-    // HTTPS_PROXY: the socket is tunnelled with CONNECT to the control plane.
+    // HTTPS_PROXY: the socket is tunnelled with CONNECT to the control plane. Written as
+    // Go allows (no scheme), with credentials: they go into Proxy-Authorization,
+    // percent-decoded ("user:p@ss"), and the logs show no password.
     let cp = FakeCp::start().await;
     let proxy = ConnectProxy::start(None);
     let ns = TestNamespace::new(&client, "cp-proxy").await;
     let mut env = managed_env(&cp);
-    env.push(("HTTPS_PROXY", proxy.url()));
+    env.push((
+        "HTTPS_PROXY",
+        format!("user:p%40ss@127.0.0.1:{}", proxy.port),
+    ));
     let m = start(&ns.name, &env);
     cp.wait_frame("snapshot through the proxy", is("snapshot"))
         .await;
     assert_eq!(proxy.seen(), [format!("CONNECT 127.0.0.1:{}", cp.port())]);
+    assert_eq!(
+        proxy.authorizations(),
+        [Some("Basic dXNlcjpwQHNz".to_owned())]
+    );
+    let logs = m.logs();
+    assert!(!logs.contains("p%40ss") && !logs.contains("p@ss"), "{logs}");
+    assert!(
+        logs.contains("https_proxy=http://user:***@127.0.0.1:"),
+        "{logs}"
+    );
     assert_eq!(cp.requests()[0].path, "/api/autonomic/connect");
     assert_eq!(m.metric("autonomic_connected").await, 1.0);
     assert_no_token(&m);
@@ -936,6 +967,7 @@ async fn connects_through_an_http_connect_proxy() {
         proxy.seen().last().unwrap(),
         &format!("CONNECT 127.0.0.1:{}", tls_cp.port())
     );
+    assert_eq!(proxy.authorizations().last().unwrap(), &None);
     assert_no_token(&m);
     drop(m);
     drop(tls_cp);

@@ -225,7 +225,7 @@ impl<S: Transport> Conn<'_, S> {
                 self.reply(reply, "io_close").await
             }
             Frame::Error(e) => {
-                tracing::warn!(code = %e.code, message = %e.message, "the control plane reported an error");
+                tracing::warn!(code = %e.code, detail = %e.message, "the control plane reported an error");
                 Ok(())
             }
             other => {

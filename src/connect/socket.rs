@@ -1,5 +1,6 @@
 //! Dialling the control plane: TCP (directly or through an HTTP `CONNECT` proxy), TLS
-//! with the platform's roots plus `AUTONOMIC_CA_FILE`, and the WebSocket upgrade.
+//! with the platform's roots plus `AUTONOMIC_CA_FILE`, `SSL_CERT_FILE` and `SSL_CERT_DIR`
+//! (see [`crate::egress`]), and the WebSocket upgrade.
 
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
-use crate::config::{BaseUrl, Config, ProxyUrl, Token, has_userinfo, redact_userinfo};
+use crate::config::{Config, Token};
 #[cfg(test)]
 use crate::connect::frame::{IO_HEADER_LEN, MAX_FRAME_BYTES, MAX_IO_PAYLOAD};
 use crate::connect::frame::{MAX_MESSAGE_BYTES, SUBPROTOCOL};
@@ -51,23 +52,6 @@ impl DialError {
     }
 }
 
-/// Whether `host` is exempt from the proxy by `NO_PROXY` (comma list of hosts, `.suffix`
-/// or `suffix` domain matches, `*` for all).
-pub fn bypasses_proxy(no_proxy: Option<&str>, host: &str) -> bool {
-    let host = host.to_ascii_lowercase();
-    no_proxy
-        .into_iter()
-        .flat_map(|s| s.split(','))
-        .map(str::trim)
-        .any(|entry| {
-            let entry = entry.to_ascii_lowercase();
-            let entry = entry.split(':').next().unwrap_or_default();
-            let domain = entry.trim_start_matches('.');
-            !domain.is_empty()
-                && (entry == "*" || host == domain || host.ends_with(&format!(".{domain}")))
-        })
-}
-
 /// An I/O error in the words users search logs for ("connection refused"), with the
 /// OS's own text after it.
 fn io_reason(e: &std::io::Error) -> String {
@@ -77,30 +61,13 @@ fn io_reason(e: &std::io::Error) -> String {
     }
 }
 
-/// Splits a proxy URL into `host:port`. Credentials in it are not supported (said so,
-/// without the password: see [`redact_userinfo`]).
-fn proxy_authority(proxy: &str) -> Result<String, String> {
-    if has_userinfo(proxy) {
-        return Err(format!(
-            "credentials in the proxy URL {} are not supported: the manager sends no Proxy-Authorization",
-            redact_userinfo(proxy)
-        ));
-    }
-    // No userinfo: the parser's errors may quote the URL.
-    let url = BaseUrl::parse(proxy)?;
-    if url.tls {
-        return Err("only http:// proxies are supported".into());
-    }
-    Ok(url.authority())
-}
-
 pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
     let target = config.base_url.authority();
-    let proxy = config
-        .https_proxy
-        .as_ref()
-        .map(ProxyUrl::expose)
-        .filter(|_| !bypasses_proxy(config.no_proxy.as_deref(), &config.base_url.host));
+    let proxy = config.https_proxy.as_ref().filter(|_| {
+        !config
+            .no_proxy
+            .bypasses(&config.base_url.host, config.base_url.port)
+    });
     let Some(proxy) = proxy else {
         return TcpStream::connect(&target)
             .await
@@ -109,17 +76,21 @@ pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
                 reason: io_reason(&e),
             });
     };
-    // Errors name the proxy without its password: they are log lines and the Lease's
-    // `autonomic.sh/link` annotation.
+    // Errors name the proxy without its password (its Display): they are log lines and
+    // the Lease's `autonomic.sh/link` annotation.
     let proxy_err = |reason: String| DialError::Proxy {
-        proxy: redact_userinfo(proxy),
+        proxy: proxy.to_string(),
         reason,
     };
-    let authority = proxy_authority(proxy).map_err(proxy_err)?;
+    let authority = proxy.authority();
     let mut stream = TcpStream::connect(&authority)
         .await
         .map_err(|e| proxy_err(format!("cannot connect: {e}")))?;
-    let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    let authorization = proxy
+        .authorization()
+        .map(|a| format!("Proxy-Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{authorization}\r\n");
     stream
         .write_all(request.as_bytes())
         .await
@@ -145,29 +116,10 @@ pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
     Ok(stream)
 }
 
-/// The platform's roots: the Mozilla set (the image has no system store) plus any PEM
-/// certificates in `AUTONOMIC_CA_FILE`.
+/// The platform's roots: see [`crate::egress::root_store`] (read again at each dial, so a
+/// rotated bundle needs no restart).
 pub fn tls_config(config: &Config) -> Result<Arc<rustls::ClientConfig>, DialError> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    if let Some(path) = &config.ca_file {
-        let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| DialError::Tls(format!("AUTONOMIC_CA_FILE {}: {e}", path.display())))?;
-        if certs.is_empty() {
-            return Err(DialError::Tls(format!(
-                "AUTONOMIC_CA_FILE {}: no PEM certificates",
-                path.display()
-            )));
-        }
-        for cert in certs {
-            roots.add(cert).map_err(|e| {
-                DialError::Tls(format!("AUTONOMIC_CA_FILE {}: {e}", path.display()))
-            })?;
-        }
-    }
+    let roots = crate::egress::root_store(config).map_err(|e| DialError::Tls(e.to_string()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -263,26 +215,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn no_proxy_matching() {
-        let np = Some("localhost, .internal,example.com:443 ,10.0.0.1");
-        for (host, bypass) in [
-            ("localhost", true),
-            ("cp.internal", true),
-            ("internal", true),
-            ("example.com", true),
-            ("api.example.com", true),
-            ("notexample.com", false),
-            ("10.0.0.1", true),
-            ("exo.adaptive.live", false),
-        ] {
-            assert_eq!(bypasses_proxy(np, host), bypass, "{host}");
-        }
-        assert!(bypasses_proxy(Some("*"), "anything"));
-        assert!(!bypasses_proxy(None, "anything"));
-        assert!(!bypasses_proxy(Some(""), "anything"));
-    }
-
-    #[test]
     fn reads_are_bounded_by_what_the_codec_accepts() {
         let c = ws_config();
         // The largest message the codec takes: a binary shell frame at its payload cap
@@ -320,46 +252,94 @@ mod tests {
         let _ = peer.await;
     }
 
-    /// Credentials in `HTTPS_PROXY` are not supported for dialling (refused before any
-    /// connection), and the refusal never shows the password: it is one log line, and
-    /// the Lease's `autonomic.sh/link` annotation carries it too.
+    /// A CONNECT proxy on 127.0.0.1 that takes one request, hands its head to the test
+    /// and answers `answer`.
+    async fn one_shot_proxy(
+        answer: &'static str,
+    ) -> (String, tokio::sync::oneshot::Receiver<String>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("127.0.0.1:{}", listener.local_addr().unwrap().port());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                head.push(conn.read_u8().await.unwrap());
+            }
+            let _ = tx.send(String::from_utf8(head).unwrap());
+            conn.write_all(answer.as_bytes()).await.unwrap();
+            let _ = conn.read_u8().await;
+        });
+        (url, rx)
+    }
+
+    fn proxied(proxy: &str) -> Config {
+        Config::parse(|k| match k {
+            "HTTPS_PROXY" => Some(proxy.into()),
+            "AUTONOMIC_BASE_URL" => Some("https://cp.example.com".into()),
+            _ => None,
+        })
+        .unwrap()
+    }
+
+    /// Credentials in `HTTPS_PROXY` (scheme-less here, as Go allows) go into CONNECT's
+    /// `Proxy-Authorization: Basic`, percent-decoded; without them no such header is sent.
+    #[tokio::test]
+    async fn proxy_credentials_go_into_proxy_authorization() {
+        let ok = "HTTP/1.1 200 Connection established\r\n\r\n";
+        let (addr, head) = one_shot_proxy(ok).await;
+        let config = proxied(&format!("user:p%40ss@{addr}"));
+        tcp(&config).await.expect("tunnel");
+        assert_eq!(
+            head.await.unwrap(),
+            "CONNECT cp.example.com:443 HTTP/1.1\r\nHost: cp.example.com:443\r\n\
+             Proxy-Authorization: Basic dXNlcjpwQHNz\r\n\r\n"
+        );
+        let (addr, head) = one_shot_proxy(ok).await;
+        tcp(&proxied(&format!("http://{addr}")))
+            .await
+            .expect("tunnel");
+        assert_eq!(
+            head.await.unwrap(),
+            "CONNECT cp.example.com:443 HTTP/1.1\r\nHost: cp.example.com:443\r\n\r\n"
+        );
+    }
+
+    /// A dial through a proxy with credentials that fails never shows the password: the
+    /// error is one log line, and the Lease's `autonomic.sh/link` annotation carries it.
     #[tokio::test]
     async fn proxy_errors_never_show_the_password() {
+        let refusing = "HTTP/1.1 407 Proxy Authentication Required\r\n\r\n";
+        let (addr, _head) = one_shot_proxy(refusing).await;
         for proxy in [
-            "http://user:s3cr3t@127.0.0.1:9",
-            "user:s3cr3t@127.0.0.1:9",
-            "https://user:s3cr3t@127.0.0.1:9",
-            "http://user:s3cr3t@[::1",
-            "http://s3cr3t@127.0.0.1:9",
-            "ftp://user:s3cr3t@proxy",
+            "http://user:s3cr3t@127.0.0.1:9".to_owned(),
+            "user:s3cr3t@127.0.0.1:9".to_owned(),
+            "http://s3cr3t@127.0.0.1:9".to_owned(),
+            format!("http://user:s3cr3t@{addr}"),
         ] {
-            let config = Config::parse(|k| match k {
-                "HTTPS_PROXY" => Some(proxy.into()),
-                "AUTONOMIC_BASE_URL" => Some("https://cp.example.com".into()),
-                _ => None,
-            })
-            .unwrap();
+            let config = proxied(&proxy);
             assert!(!format!("{config:?}").contains("s3cr3t"), "{proxy}");
-            let err = tcp(&config).await.expect_err(proxy);
+            let err = tcp(&config).await.expect_err(&proxy);
             let shown = err.to_string();
             assert!(matches!(err, DialError::Proxy { .. }), "{proxy}: {shown}");
             assert!(!shown.contains("s3cr3t"), "{proxy}: {shown}");
             assert!(!format!("{err:?}").contains("s3cr3t"), "{proxy}: {err:?}");
-            assert!(shown.contains("***"), "{proxy}: {shown}");
+            assert!(shown.contains("***@127.0.0.1:"), "{proxy}: {shown}");
         }
-        // The refusal says why.
-        let config = Config::parse(|k| {
-            (k == "HTTPS_PROXY").then(|| "http://user:s3cr3t@127.0.0.1:9".into())
-        })
-        .unwrap();
-        let shown = tcp(&config).await.unwrap_err().to_string();
-        assert!(shown.contains("credentials"), "{shown}");
-        assert!(shown.contains("http://user:***@127.0.0.1:9"), "{shown}");
     }
 
-    #[test]
-    fn proxies_must_be_plain_http() {
-        assert_eq!(proxy_authority("http://proxy:3128").unwrap(), "proxy:3128");
-        assert!(proxy_authority("https://proxy:3128").is_err());
+    /// `NO_PROXY` is matched against the control plane's host and port.
+    #[tokio::test]
+    async fn no_proxy_dials_directly() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let config = Config::parse(|k| match k {
+            "HTTPS_PROXY" => Some("http://127.0.0.1:9".into()),
+            "NO_PROXY" => Some(format!("example.com,127.0.0.1:{port}")),
+            "AUTONOMIC_BASE_URL" => Some(format!("http://127.0.0.1:{port}")),
+            _ => None,
+        })
+        .unwrap();
+        tcp(&config).await.expect("direct");
     }
 }

@@ -547,6 +547,8 @@ impl Drop for Manager {
                     self.log.display()
                 );
             }
+            // With AUTONOMIC_LOG_FORMAT=json, every line is one object without a key twice.
+            assert_no_duplicate_keys(&logs);
         }
     }
 }
@@ -636,5 +638,78 @@ pub async fn wait_output(cp: &FakeCp, channel: u32, stream: u8, needle: &str) ->
             "no {needle:?} on channel {channel} stream {stream}; output so far: {out:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Fails the test when a JSON line of `log` (the manager's `AUTONOMIC_LOG_FORMAT=json`
+/// output) has a key twice in one object: `serde_json` would keep the last one and log
+/// pipelines disagree about which wins (a span field `name` next to the span's own name,
+/// a `message` field next to the event's message). Lines that are not JSON objects (the
+/// text format) are skipped; returns how many were checked.
+pub fn assert_no_duplicate_keys(log: &str) -> usize {
+    let mut checked = 0;
+    for line in log.lines().map(str::trim).filter(|l| l.starts_with('{')) {
+        match serde_json::from_str::<NoDuplicateKeys>(line) {
+            Ok(_) => checked += 1,
+            Err(e) if e.to_string().starts_with("duplicate key") => {
+                panic!("{e} in the log line:\n{line}")
+            }
+            // Not JSON after all (e.g. a line cut short by a kill): nothing to check.
+            Err(_) => {}
+        }
+    }
+    checked
+}
+
+/// Deserializes any JSON value, refusing an object that holds a key twice.
+struct NoDuplicateKeys;
+
+impl<'de> serde::Deserialize<'de> for NoDuplicateKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NoDuplicateKeysVisitor)
+    }
+}
+
+struct NoDuplicateKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for NoDuplicateKeysVisitor {
+    type Value = NoDuplicateKeys;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(serde::de::Error::custom(format_args!(
+                    "duplicate key {key:?}"
+                )));
+            }
+            map.next_value::<NoDuplicateKeys>()?;
+        }
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<NoDuplicateKeys>()?.is_some() {}
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
     }
 }
