@@ -251,12 +251,12 @@ fn metrics(ctx: &Probe) -> String {
         (
             "autonomic_agents",
             "Agents in the cache.",
-            ctx.store.agents.len() as f64,
+            ctx.store.agents.count() as f64,
         ),
         (
             "autonomic_tools",
             "Tools in the cache.",
-            ctx.store.tools.len() as f64,
+            ctx.store.tools.count() as f64,
         ),
     ])
 }

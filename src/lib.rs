@@ -1,18 +1,29 @@
 //! autonomic-manager: the in-cluster operator of the autonomic.sh platform.
 #![forbid(unsafe_code)]
 
-pub mod audit;
-pub mod cluster;
+mod audit;
+mod cluster;
 pub mod config;
-pub mod connect;
+mod connect;
 pub mod crd;
-pub mod egress;
-pub mod health;
-pub mod leader;
-pub mod metrics;
-pub mod reconcile;
-pub mod store;
-pub mod text;
+mod egress;
+mod health;
+mod leader;
+mod metrics;
+mod reconcile;
+mod store;
+mod text;
+
+/// What the integration tests and the benchmarks reach of the internals, named one by
+/// one: every other module is private, so the compiler reports what nothing uses.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::connect::frame::{Frame, Snapshot, Stream, decode_io, encode, encode_io};
+    pub use crate::connect::wire::snapshot_text_of;
+    pub use crate::reconcile::agent::{AgentletDefaults, desired_pod as agent_pod};
+    pub use crate::reconcile::tool::{IDLE, desired_pod as tool_pod};
+    pub use crate::store::{PodView, trim};
+}
 
 use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;

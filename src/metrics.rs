@@ -26,10 +26,6 @@ impl Metrics {
         }
     }
 
-    pub fn reconciles(&self, kind: Kind) -> u64 {
-        self.reconciles[idx(kind)].load(Relaxed)
-    }
-
     /// The exposition text; `series` are sampled by the caller at scrape time. A name
     /// ending in `_total` is a counter (Prometheus naming), any other a gauge.
     pub fn render(&self, series: &[(&str, &str, f64)]) -> String {

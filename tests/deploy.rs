@@ -6,7 +6,7 @@ mod support;
 
 use std::process::Command;
 
-use autonomic_manager::reconcile::agent::{AgentletDefaults, desired_pod};
+use autonomic_manager::internals::{AgentletDefaults, agent_pod as desired_pod};
 
 use autonomic_manager::crd::{Agent, AgentPhase};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -339,10 +339,7 @@ subjects: [{{kind: ServiceAccount, name: autonomic-manager, namespace: {ns}}}]
     ));
     let made = [
         ("Agent", desired_pod(&agent, None, &agentlet).unwrap()),
-        (
-            "Tool",
-            autonomic_manager::reconcile::tool::desired_pod(&tool),
-        ),
+        ("Tool", autonomic_manager::internals::tool_pod(&tool)),
     ];
     for (kind, made_pod) in &made {
         let made_pod = serde_json::to_value(made_pod).unwrap();

@@ -9,7 +9,7 @@
 mod support;
 
 use std::process::Command;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use autonomic_manager::crd::Agent;
 use k8s_openapi::api::apps::v1::Deployment;

@@ -7,7 +7,8 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use autonomic_manager::crd::{Runtime, RuntimePhase};
 use k8s_openapi::api::coordination::v1::Lease;

@@ -254,7 +254,7 @@ async fn resync_malformed_and_unknown_frames() {
             Some("io_resize"),
         ),
     ] {
-        let before = std::time::Instant::now();
+        let before = tokio::time::Instant::now();
         cp.send_raw(garbage).await;
         let err = cp
             .wait_frame(&format!("error for {garbage}"), |r| {

@@ -3,7 +3,8 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use autonomic_manager::crd::{Agent, AgentPhase};
 use k8s_openapi::api::core::v1::Pod;

@@ -7,7 +7,7 @@ mod support;
 use std::time::{Duration, SystemTime};
 
 use autonomic_manager::crd::{Agent, Tool, ToolPhase, ToolStatus};
-use autonomic_manager::reconcile::tool::IDLE;
+use autonomic_manager::internals::IDLE;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, PostParams};

@@ -16,11 +16,12 @@ mod report;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
-use autonomic_manager::connect::frame::{self, Frame, Snapshot, Stream};
-use autonomic_manager::connect::wire;
 use autonomic_manager::crd::Agent;
+use autonomic_manager::internals as wire;
+use autonomic_manager::internals::{self as frame, Frame, Snapshot, Stream};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -147,7 +148,7 @@ where
             .iter()
             .map(|j| {
                 let mut o: K = serde_json::from_str(j).unwrap();
-                autonomic_manager::store::trim(&mut o);
+                autonomic_manager::internals::trim(&mut o);
                 std::sync::Arc::new(o)
             })
             .collect();
@@ -643,7 +644,7 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
         if n > 0 {
             fp["heap_each"] = json!([
                 heap_per_object::<Agent>(&client, &ns.name).await,
-                heap_per_object::<autonomic_manager::store::PodView>(&client, &ns.name).await,
+                heap_per_object::<autonomic_manager::internals::PodView>(&client, &ns.name).await,
                 heap_per_object::<k8s_openapi::api::core::v1::Secret>(&client, &ns.name).await,
             ]);
         }

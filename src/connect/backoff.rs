@@ -2,7 +2,7 @@
 //!
 //! [`Backoff`] is a plain value: capped exponential growth with full jitter. The
 //! randomness is an argument of [`Backoff::next_delay_with`], so tests are deterministic;
-//! [`Backoff::next_delay`] draws from the operating system through ring. [`Reconnect`]
+//! [`Reconnect::delay`] draws from the operating system through ring. [`Reconnect`]
 //! holds the three waits of the spec and picks one per [`Retry`].
 
 use std::sync::OnceLock;
@@ -44,16 +44,9 @@ impl Backoff {
         })
     }
 
-    pub fn initial(&self) -> Duration {
-        self.initial
-    }
-
-    pub fn max(&self) -> Duration {
-        self.max
-    }
-
     /// How many delays were handed out since the last reset.
-    pub fn attempt(&self) -> u32 {
+    #[cfg(test)]
+    fn attempt(&self) -> u32 {
         self.attempt
     }
 
@@ -69,11 +62,6 @@ impl Backoff {
             ceiling = ceiling.saturating_mul(2);
         }
         ceiling.min(self.max)
-    }
-
-    /// The next delay, drawn from the operating system's random source.
-    pub fn next_delay(&mut self) -> Duration {
-        self.next_delay_with(system_random)
     }
 
     /// The next delay, with `random` supplying uniformly distributed `u64`s.
@@ -159,12 +147,6 @@ impl Retry {
 /// The close reason of an eviction (PROTOCOL.md §4.7).
 pub const EVICTION_REASON: &str = "evicted by newer connection";
 
-/// The spec's defaults, which `AUTONOMIC_BACKOFF_*` and `AUTONOMIC_EVICTION_DELAY_S`
-/// override.
-pub const DEFAULT_INITIAL: Duration = Duration::from_secs(1);
-pub const DEFAULT_MAX: Duration = Duration::from_secs(60);
-pub const DEFAULT_EVICTION_DELAY: Duration = Duration::from_secs(300);
-
 /// The rejected-token cap as a multiple of the normal cap: §4.6 says 60 s and 5 min,
 /// and keeping the ratio makes `AUTONOMIC_BACKOFF_MAX_MS` tune both schedules.
 pub const REJECTED_CAP_FACTOR: u32 = 5;
@@ -212,37 +194,32 @@ impl Reconnect {
         self.rejected.reset();
     }
 
-    pub fn normal(&self) -> &Backoff {
+    #[cfg(test)]
+    fn normal(&self) -> &Backoff {
         &self.normal
     }
 
-    pub fn rejected(&self) -> &Backoff {
+    #[cfg(test)]
+    fn rejected(&self) -> &Backoff {
         &self.rejected
-    }
-}
-
-impl Default for Reconnect {
-    /// The §4 schedules: 1 s ×2 to 60 s, rejected to 5 min, eviction 5 min.
-    fn default() -> Self {
-        let normal = Backoff {
-            initial: DEFAULT_INITIAL,
-            max: DEFAULT_MAX,
-            attempt: 0,
-        };
-        Reconnect {
-            normal,
-            rejected: Backoff {
-                max: DEFAULT_MAX.saturating_mul(REJECTED_CAP_FACTOR),
-                ..normal
-            },
-            eviction_delay: DEFAULT_EVICTION_DELAY,
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The spec's schedules (§4.6–4.8), the configuration's defaults.
+    fn spec() -> Reconnect {
+        let config = crate::config::Config::parse(|_| None).unwrap();
+        let r = Reconnect::new(
+            config.backoff_initial,
+            config.backoff_max,
+            config.eviction_delay,
+        );
+        assert_eq!(r, Reconnect::new(secs(1), secs(60), secs(300)));
+        r.unwrap()
+    }
 
     const fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
@@ -279,22 +256,18 @@ mod tests {
         assert!(Backoff::new(secs(1), secs(1)).is_ok());
         assert!(Backoff::new(Duration::from_millis(1), Duration::MAX).is_ok());
         assert!(Reconnect::new(Duration::ZERO, secs(1), secs(1)).is_err());
-        assert_eq!(
-            Reconnect::new(DEFAULT_INITIAL, DEFAULT_MAX, DEFAULT_EVICTION_DELAY),
-            Ok(Reconnect::default())
-        );
     }
 
     #[test]
     fn normal_ceilings_double_from_1s_and_cap_at_60s() {
-        let normal = *Reconnect::default().normal();
+        let normal = *spec().normal();
         let ceilings: Vec<u64> = (0..9).map(|n| normal.ceiling(n).as_secs()).collect();
         assert_eq!(ceilings, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
     }
 
     #[test]
     fn rejected_ceilings_reach_5_minutes() {
-        let rejected = *Reconnect::default().rejected();
+        let rejected = *spec().rejected();
         let ceilings: Vec<u64> = (0..11).map(|n| rejected.ceiling(n).as_secs()).collect();
         assert_eq!(ceilings, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
     }
@@ -361,8 +334,8 @@ mod tests {
 
     #[test]
     fn system_randomness_stays_in_range_and_varies() {
-        let mut backoff = Backoff::new(secs(60), secs(60)).unwrap();
-        let delays: Vec<Duration> = (0..32).map(|_| backoff.next_delay()).collect();
+        let mut reconnect = Reconnect::new(secs(60), secs(60), secs(1)).unwrap();
+        let delays: Vec<Duration> = (0..32).map(|_| reconnect.delay(Retry::Normal)).collect();
         assert!(delays.iter().all(|d| *d <= secs(60)));
         assert!(delays.iter().any(|d| *d != delays[0]), "{delays:?}");
     }
@@ -383,7 +356,7 @@ mod tests {
 
     #[test]
     fn reconnect_picks_the_schedule_for_the_reason() {
-        let mut reconnect = Reconnect::default();
+        let mut reconnect = spec();
         let max = || u64::MAX;
         let delays: Vec<u64> = (0..8)
             .map(|_| reconnect.delay_with(Retry::Normal, max).as_secs())
@@ -407,7 +380,10 @@ mod tests {
             Duration::from_millis(500),
         )
         .unwrap();
-        assert_eq!(fast.rejected().max(), Duration::from_millis(200));
+        assert_eq!(
+            fast.rejected().ceiling(u32::MAX),
+            Duration::from_millis(200)
+        );
         let delays: Vec<u128> = (0..6)
             .map(|_| fast.delay_with(Retry::Rejected, max).as_millis())
             .collect();

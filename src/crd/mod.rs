@@ -13,8 +13,6 @@ pub use tool::*;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-pub const GROUP: &str = "autonomic.sh";
-pub const VERSION: &str = "v1alpha1";
 pub const API_VERSION: &str = "autonomic.sh/v1alpha1";
 
 /// The four kinds of RESOURCES.md.

@@ -97,7 +97,8 @@ impl Queue {
     }
 
     /// Keys with a pending wake-up.
-    pub fn pending_wakeups(&self) -> usize {
+    #[cfg(test)]
+    fn pending_wakeups(&self) -> usize {
         self.lock().wakeups.len()
     }
 

@@ -63,12 +63,9 @@ impl<K: ResourceExt> Cache<K> {
         objects.values().cloned().collect()
     }
 
-    pub fn len(&self) -> usize {
+    /// How many objects are cached.
+    pub fn count(&self) -> usize {
         self.objects.read().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     pub fn insert(&self, mut obj: K) -> Arc<K> {

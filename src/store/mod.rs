@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use cache::{Cache, ObjKey, SyncGate, trim};
-pub use pod::{ContainerView, PodView, PodViewSpec, PodViewStatus};
+pub use pod::PodView;
 
 use crate::crd::{Agent, Key, Kind, Memory, Runtime, Tool};
 

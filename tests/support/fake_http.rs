@@ -2,7 +2,8 @@
 //! `POST /api/autonomic/report` and answers with the frames queued for the manager.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -2,6 +2,9 @@
 //! project's scripts started (`KUBECONFIG`), a namespace per test, and the manager
 //! binary itself run as a child process scoped to that namespace.
 #![allow(dead_code)]
+// Waits on child processes block a thread on purpose (clippy.toml bans that in the
+// manager).
+#![allow(clippy::disallowed_methods)]
 pub mod fake_cp;
 pub mod fake_http;
 pub mod pki;
@@ -9,7 +12,8 @@ pub mod pki;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use fake_cp::{FakeCp, Received};
 use k8s_openapi::api::core::v1::Namespace;

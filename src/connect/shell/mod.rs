@@ -32,7 +32,7 @@ mod authorize;
 mod exec;
 mod exit;
 
-pub use authorize::{ALLOWED_CONTAINERS, authorize};
+use authorize::authorize;
 use exec::Exec;
 pub use exit::Exit;
 
