@@ -101,3 +101,51 @@ load_image() {
     "$root/testbed/cluster.sh" import "$tar" >&2
     rm -f "$tar"
 }
+
+# Pinned tools from PyPI, each set in its own venv under the tools cache (installed once,
+# again only when the pins change). Prints the venv's bin directory.
+tools_cache="${AUTONOMIC_TOOLS_CACHE:-$HOME/.cache/autonomic-tools}"
+ensure_venv() {
+    local dir="$tools_cache/$1"; shift
+    if [ "$(cat "$dir/.pins" 2>/dev/null)" != "$*" ]; then
+        log "installing $* from PyPI into $dir"
+        python3 -m venv --help >/dev/null 2>&1 || {
+            apt-get -o DPkg::Lock::Timeout=600 update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv >/dev/null
+        }
+        rm -rf "$dir"
+        python3 -m venv "$dir" >&2
+        "$dir/bin/pip" install --quiet --disable-pip-version-check "$@" >&2
+        echo "$*" >"$dir/.pins"
+    fi
+    echo "$dir/bin"
+}
+
+# The aarch64 cross-build: the rust target, zig as C compiler and linker (ring builds C and
+# assembly) through cargo-zigbuild — both wheels from PyPI, the zig toolchain inside the
+# ziglang one — and qemu-user to run the result (tests/arm64.rs).
+arm64_target=aarch64-unknown-linux-musl
+arm64_bin="$root/target/$arm64_target/release/autonomic-manager"
+CROSS_PINS=(cargo-zigbuild==0.24.0 ziglang==0.17.1)
+ensure_cross() {
+    if ! rustup target list --installed | grep -qx "$arm64_target"; then
+        log "adding the rust target $arm64_target"
+        rustup target add "$arm64_target"
+    fi
+    local bindir
+    bindir=$(ensure_venv cross "${CROSS_PINS[@]}")
+    # cargo-zigbuild runs `python3 -m ziglang` when no zig is on PATH: the venv's python.
+    export PATH="$bindir:$PATH"
+    if ! command -v qemu-aarch64-static >/dev/null; then
+        log "installing qemu-user-static"
+        apt-get -o DPkg::Lock::Timeout=600 update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq qemu-user-static >/dev/null
+    fi
+}
+
+# The static aarch64 binary at $arm64_bin (the release profile, as the x86_64 one).
+build_arm64() {
+    ensure_cross
+    log "building (release, $arm64_target, zig)"
+    (cd "$root" && cargo zigbuild --release --target "$arm64_target" --bin autonomic-manager)
+}
