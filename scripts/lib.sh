@@ -87,6 +87,18 @@ ensure_cluster() {
     log "cluster mode: $AUTONOMIC_TESTBED_MODE"
 }
 
+# Builds the manager image for one platform (amd64 or arm64) from the Dockerfile into
+# buildah's storage, tagged "$image" for amd64 and "$image-<arch>" otherwise; prints the tag.
+build_image_for() {
+    local arch=$1 tag=$image version revision
+    [ "$arch" = amd64 ] || tag="$image-$arch"
+    version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n1)
+    revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
+    (cd "$root" && buildah --storage-driver vfs bud --quiet --squash --platform "linux/$arch" \
+        --build-arg VERSION="$version" --build-arg REVISION="$revision" -t "$tag" . >/dev/null)
+    echo "$tag"
+}
+
 # Builds the manager image from the Dockerfile and loads it into the test bed's
 # containerd (only possible for a test bed this project runs).
 load_image() {
@@ -95,7 +107,7 @@ load_image() {
     log "building $image from the Dockerfile (buildah)"
     local tar
     tar=$(mktemp --suffix=.tar)
-    (cd "$root" && buildah --storage-driver vfs bud --quiet -t "$image" . >/dev/null)
+    build_image_for amd64 >/dev/null
     rm -f "$tar"
     buildah --storage-driver vfs push --quiet "$image" "docker-archive:$tar:$image" >/dev/null
     "$root/testbed/cluster.sh" import "$tar" >&2
@@ -148,4 +160,28 @@ build_arm64() {
     ensure_cross
     log "building (release, $arm64_target, zig)"
     (cd "$root" && cargo zigbuild --release --target "$arm64_target" --bin autonomic-manager)
+}
+
+# The multi-arch image: both platforms from the Dockerfile as one OCI image index in the
+# OCI layout $image_dir/oci (tag = the version), each platform's CycloneDX SBOM attached
+# to its manifest (an OCI 1.1 artifact whose subject is that manifest) and beside it in
+# $image_dir/sbom. Needs both binaries.
+image_dir="$root/target/image"
+build_image() {
+    local arch tag version
+    version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n1)
+    log "building the image index (linux/amd64, linux/arm64) and SBOMs into $image_dir"
+    rm -rf "$image_dir"
+    mkdir -p "$image_dir/sbom"
+    for arch in amd64 arm64; do
+        tag=$(build_image_for "$arch")
+        buildah --storage-driver vfs push --quiet "$tag" "oci:$image_dir/oci:$arch" >/dev/null
+    done
+    python3 "$root/scripts/sbom" --target x86_64-unknown-linux-musl \
+        --binary "$bin" --image "$image" >"$image_dir/sbom/autonomic-manager-linux-amd64.cdx.json"
+    python3 "$root/scripts/sbom" --target "$arm64_target" \
+        --binary "$arm64_bin" --image "$image" >"$image_dir/sbom/autonomic-manager-linux-arm64.cdx.json"
+    python3 "$root/scripts/oci-index" "$image_dir/oci" "$image" "$version" \
+        amd64="$image_dir/sbom/autonomic-manager-linux-amd64.cdx.json" \
+        arm64="$image_dir/sbom/autonomic-manager-linux-arm64.cdx.json"
 }
