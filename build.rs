@@ -21,7 +21,12 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    if std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("musl") {
+    // x86_64 only: zig's linker driver (the aarch64 cross-build, scripts/build-arm64)
+    // refuses `-z pack-relative-relocs`, and that musl binary links as a non-PIE static
+    // executable, which has no relative relocations to pack.
+    let env = std::env::var("CARGO_CFG_TARGET_ENV");
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH");
+    if env.as_deref() == Ok("musl") && arch.as_deref() == Ok("x86_64") {
         println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
     }
     let target = std::env::var("TARGET").unwrap_or_else(|_| "unknown".into());

