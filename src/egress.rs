@@ -11,8 +11,6 @@ use std::path::{Path, PathBuf};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
-use crate::config::{Config, ConfigError, redact_userinfo, split_host_port};
-
 /// `HTTPS_PROXY`: an `http://` proxy, tunnelled with `CONNECT`. Its `Debug` and `Display`
 /// show the URL with the password replaced by `***`, so no log line, error or `{:?}` of
 /// the [`Config`] can show it; the credentials go only into `Proxy-Authorization`.
@@ -312,6 +310,14 @@ fn masked(ip: IpAddr, bits: u8) -> IpAddr {
     }
 }
 
+/// A trust store path that cannot be used: the variable that named it, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{var}: {reason}")]
+pub struct TrustError {
+    pub var: &'static str,
+    pub reason: String,
+}
+
 /// The roots the platform's certificate is checked against: the Mozilla set (the image
 /// has no system store), plus
 /// - `AUTONOMIC_CA_FILE` and `SSL_CERT_FILE`: PEM bundles, each read whole: unreadable,
@@ -323,22 +329,26 @@ fn masked(ip: IpAddr, bits: u8) -> IpAddr {
 ///
 /// Checked at start-up (exit 2) and read again at each dial, so a rotated bundle is used
 /// without a restart.
-pub fn root_store(config: &Config) -> Result<rustls::RootCertStore, ConfigError> {
+pub fn root_store(
+    ca_file: Option<&Path>,
+    ssl_cert_file: Option<&Path>,
+    ssl_cert_dirs: &[PathBuf],
+) -> Result<rustls::RootCertStore, TrustError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    let invalid = |var: &'static str, path: &Path, reason: String| ConfigError::Invalid {
+    let invalid = |var: &'static str, path: &Path, reason: String| TrustError {
         var,
         reason: format!("{}: {reason}", path.display()),
     };
     for (var, path) in [
-        ("AUTONOMIC_CA_FILE", &config.ca_file),
-        ("SSL_CERT_FILE", &config.ssl_cert_file),
+        ("AUTONOMIC_CA_FILE", ca_file),
+        ("SSL_CERT_FILE", ssl_cert_file),
     ] {
         if let Some(path) = path {
             add_bundle(&mut roots, path).map_err(|reason| invalid(var, path, reason))?;
         }
     }
-    for dir in &config.ssl_cert_dirs {
+    for dir in ssl_cert_dirs {
         add_dir(&mut roots, dir).map_err(|reason| invalid("SSL_CERT_DIR", dir, reason))?;
     }
     Ok(roots)
@@ -391,9 +401,64 @@ fn log_dir() -> PathBuf {
     std::env::temp_dir().join("autonomic-manager-unit")
 }
 
+/// `url` with the password of its userinfo replaced by `***` (`http://user:***@proxy:3128`),
+/// or all of the userinfo when it has no `:` (a bare token): what logs, errors and the
+/// Lease may show of a proxy URL. Works on text that does not parse as a URL too.
+pub fn redact_userinfo(url: &str) -> String {
+    let Some((start, at)) = userinfo(url) else {
+        return url.to_owned();
+    };
+    let shown = match url[start..at].split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => "***".to_owned(),
+    };
+    format!("{}{shown}{}", &url[..start], &url[at..])
+}
+
+/// Where the userinfo of `url` starts and where its `@` is, if it has one: in the
+/// authority (after an optional `scheme://`, up to the first `/`, `?` or `#`), before its
+/// last `@`.
+fn userinfo(url: &str) -> Option<(usize, usize)> {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[start..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    authority.rfind('@').map(|at| (start, start + at))
+}
+
+/// Splits `host[:port]` / `[v6][:port]`; `None` when malformed.
+pub(crate) fn split_host_port(authority: &str, default_port: u16) -> Option<(String, u16)> {
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let end = rest.find(']')?;
+        let host = &rest[..end];
+        host.parse::<std::net::Ipv6Addr>().ok()?;
+        match &rest[end + 1..] {
+            "" => (host, None),
+            p => (host, Some(p.strip_prefix(':')?)),
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    let valid_host = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'));
+    if !valid_host {
+        return None;
+    }
+    let port = match port {
+        None => default_port,
+        Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0)?,
+    };
+    Some((host.to_owned(), port))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     #[test]
     fn proxy_urls_parse_like_go() {
@@ -623,7 +688,7 @@ mod tests {
         ];
         for (var, value) in cases {
             let c = config(&[(var, value.clone())]);
-            let err = root_store(&c).expect_err(&value).to_string();
+            let err = c.root_store().expect_err(&value).to_string();
             assert!(err.starts_with(&format!("{var}: {value}: ")), "{err}");
         }
     }
@@ -692,5 +757,32 @@ mod tests {
         let c = config(&[("SSL_CERT_DIR", dirs)]);
         assert_eq!(c.ssl_cert_dirs, [other.clone(), dir.clone()]);
         assert_eq!(handshake(c).await.unwrap(), b"hi");
+    }
+
+    #[test]
+    fn proxy_userinfo_is_redacted() {
+        let cases = [
+            ("http://user:pass@proxy:3128", "http://user:***@proxy:3128"),
+            (
+                "http://user:pass@proxy:3128/",
+                "http://user:***@proxy:3128/",
+            ),
+            ("http://user:p%40ss:w@proxy", "http://user:***@proxy"),
+            ("http://us%3Aer:pa@ss@proxy:1", "http://us%3Aer:***@proxy:1"),
+            ("http://token@proxy:3128", "http://***@proxy:3128"),
+            ("http://:pass@proxy", "http://:***@proxy"),
+            ("user:pass@proxy:3128", "user:***@proxy:3128"),
+            (
+                "HTTPS://u:p@[::1]:8080/x?y@z",
+                "HTTPS://u:***@[::1]:8080/x?y@z",
+            ),
+            ("http://proxy:3128", "http://proxy:3128"),
+            ("http://proxy:3128/a@b", "http://proxy:3128/a@b"),
+            ("proxy", "proxy"),
+            ("", ""),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(redact_userinfo(url), shown, "{url}");
+        }
     }
 }

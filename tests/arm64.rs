@@ -171,7 +171,7 @@ async fn aarch64_manager_reconciles_an_agent_under_qemu() {
          spec: {{runtime: {{image: '{BUSYBOX_IMAGE}', command: [sh, -c, \"trap 'exit 0' TERM; while :; do sleep 1; done\"]}}}}"
     ));
     agents.create(&PostParams::default(), &agent).await.unwrap();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     wait_for(&agents, "triage", "Active", |a| {
         a.status.as_ref().and_then(|s| s.phase) == Some(AgentPhase::Active)
     })

@@ -13,8 +13,7 @@ mod help;
 mod url;
 
 pub use help::{COMMANDS, ENV_VARS, EnvVar, KUBE_ENV_VARS, usage};
-pub(crate) use url::split_host_port;
-pub use url::{BaseUrl, has_userinfo, redact_userinfo};
+pub use url::BaseUrl;
 
 /// Why the configuration was refused. Printed as one line; the process exits 2.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -83,7 +82,7 @@ pub struct Config {
     /// connect time (stable across restarts, rollouts and failovers).
     pub cluster_id: Option<String>,
     pub transport: Transport,
-    /// Extra roots (see [`crate::egress::root_store`]).
+    /// Extra roots (see [`Config::root_store`]).
     pub ca_file: Option<PathBuf>,
     pub ssl_cert_file: Option<PathBuf>,
     pub ssl_cert_dirs: Vec<PathBuf>,
@@ -116,11 +115,25 @@ pub struct Config {
 pub const DEFAULT_BASE_URL: &str = "https://exo.adaptive.live";
 
 impl Config {
+    /// The roots the platform's certificate is checked against (see
+    /// [`crate::egress::root_store`]).
+    pub fn root_store(&self) -> Result<rustls::RootCertStore, ConfigError> {
+        crate::egress::root_store(
+            self.ca_file.as_deref(),
+            self.ssl_cert_file.as_deref(),
+            &self.ssl_cert_dirs,
+        )
+        .map_err(|e| ConfigError::Invalid {
+            var: e.var,
+            reason: e.reason,
+        })
+    }
+
     /// Reads the process environment, and checks the files it names that must be
     /// readable at start-up (the trust store's).
     pub fn from_env() -> Result<Self, ConfigError> {
         let config = Self::parse(|k| std::env::var(k).ok())?;
-        crate::egress::root_store(&config)?;
+        config.root_store()?;
         Ok(config)
     }
 
@@ -555,35 +568,6 @@ mod tests {
                 .endpoint(false, "report"),
             "https://h:443/p/api/autonomic/report"
         );
-    }
-
-    #[test]
-    fn proxy_userinfo_is_redacted() {
-        let cases = [
-            ("http://user:pass@proxy:3128", "http://user:***@proxy:3128"),
-            (
-                "http://user:pass@proxy:3128/",
-                "http://user:***@proxy:3128/",
-            ),
-            ("http://user:p%40ss:w@proxy", "http://user:***@proxy"),
-            ("http://us%3Aer:pa@ss@proxy:1", "http://us%3Aer:***@proxy:1"),
-            ("http://token@proxy:3128", "http://***@proxy:3128"),
-            ("http://:pass@proxy", "http://:***@proxy"),
-            ("user:pass@proxy:3128", "user:***@proxy:3128"),
-            (
-                "HTTPS://u:p@[::1]:8080/x?y@z",
-                "HTTPS://u:***@[::1]:8080/x?y@z",
-            ),
-            ("http://proxy:3128", "http://proxy:3128"),
-            ("http://proxy:3128/a@b", "http://proxy:3128/a@b"),
-            ("proxy", "proxy"),
-            ("", ""),
-        ];
-        for (url, shown) in cases {
-            assert_eq!(redact_userinfo(url), shown, "{url}");
-            assert_eq!(has_userinfo(url), url != shown, "{url}");
-            assert!(has_userinfo("http://***@proxy"));
-        }
     }
 
     #[test]

@@ -3,6 +3,8 @@
 
 use std::net::IpAddr;
 
+use crate::egress::split_host_port;
+
 /// A parsed platform URL. Only what the connector needs: scheme, authority, path prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BaseUrl {
@@ -71,63 +73,4 @@ impl BaseUrl {
         self.host.eq_ignore_ascii_case("localhost")
             || self.host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
     }
-}
-
-/// `url` with the password of its userinfo replaced by `***` (`http://user:***@proxy:3128`),
-/// or all of the userinfo when it has no `:` (a bare token): what logs, errors and the
-/// Lease may show of a proxy URL. Works on text that does not parse as a URL too.
-pub fn redact_userinfo(url: &str) -> String {
-    let Some((start, at)) = userinfo(url) else {
-        return url.to_owned();
-    };
-    let shown = match url[start..at].split_once(':') {
-        Some((user, _)) => format!("{user}:***"),
-        None => "***".to_owned(),
-    };
-    format!("{}{shown}{}", &url[..start], &url[at..])
-}
-
-/// Whether `url` carries userinfo (`user:pass@`) before its host.
-pub fn has_userinfo(url: &str) -> bool {
-    userinfo(url).is_some()
-}
-
-/// Where the userinfo of `url` starts and where its `@` is, if it has one: in the
-/// authority (after an optional `scheme://`, up to the first `/`, `?` or `#`), before its
-/// last `@`.
-fn userinfo(url: &str) -> Option<(usize, usize)> {
-    let start = url.find("://").map_or(0, |i| i + 3);
-    let rest = &url[start..];
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    authority.rfind('@').map(|at| (start, start + at))
-}
-
-/// Splits `host[:port]` / `[v6][:port]`; `None` when malformed.
-pub(crate) fn split_host_port(authority: &str, default_port: u16) -> Option<(String, u16)> {
-    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
-        let end = rest.find(']')?;
-        let host = &rest[..end];
-        host.parse::<std::net::Ipv6Addr>().ok()?;
-        match &rest[end + 1..] {
-            "" => (host, None),
-            p => (host, Some(p.strip_prefix(':')?)),
-        }
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
-        }
-    };
-    let valid_host = !host.is_empty()
-        && host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'));
-    if !valid_host {
-        return None;
-    }
-    let port = match port {
-        None => default_port,
-        Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0)?,
-    };
-    Some((host.to_owned(), port))
 }

@@ -116,10 +116,12 @@ pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
     Ok(stream)
 }
 
-/// The platform's roots: see [`crate::egress::root_store`] (read again at each dial, so a
+/// The platform's roots: see [`Config::root_store`] (read again at each dial, so a
 /// rotated bundle needs no restart).
 pub fn tls_config(config: &Config) -> Result<Arc<rustls::ClientConfig>, DialError> {
-    let roots = crate::egress::root_store(config).map_err(|e| DialError::Tls(e.to_string()))?;
+    let roots = config
+        .root_store()
+        .map_err(|e| DialError::Tls(e.to_string()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

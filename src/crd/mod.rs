@@ -133,7 +133,7 @@ impl std::fmt::Display for Key {
 
 /// What every kind's status has: a phase (one of which is the ready one), a message,
 /// the `Ready` condition and the generation it was computed from. The reconcilers build
-/// these four fields one way ([`crate::reconcile::common::status`]); the writer reports
+/// these four fields one way (`reconcile::common::status`); the writer reports
 /// on them.
 pub trait PhaseStatus: serde::Serialize + PartialEq + Default {
     type Phase: Copy + std::fmt::Debug + PartialEq;

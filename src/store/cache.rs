@@ -17,7 +17,7 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// What the cache keeps of an object: the object less what nothing here reads (server-side
 /// apply's field ownership and kubectl's copy of the last applied object, which can double
 /// an object's size). One pod, Agent and Secret are cached per Agent, so this is most of
-/// the manager's memory; pods are cached as the slim [`crate::pod::PodView`].
+/// the manager's memory; pods are cached as the slim [`super::PodView`].
 pub fn trim<K: Resource>(obj: &mut K) {
     let meta = obj.meta_mut();
     meta.managed_fields = None;
