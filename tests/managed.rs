@@ -757,27 +757,8 @@ async fn private_ca_is_trusted_only_when_configured() {
     assert_no_token(&m);
     drop(m);
 
-    // A CA file holding no certificate: a clear line, retried, no crash.
-    let ns = TestNamespace::new(&client, "cp-ca-empty").await;
-    let empty = log_dir().join(format!("{}-no-cert.pem", ns.name));
-    std::fs::write(&empty, "this file holds no certificate\n").unwrap();
-    let mut env = managed_env(&cp);
-    env.push(("AUTONOMIC_CA_FILE", empty.display().to_string()));
-    let mut m = start(&ns.name, &env);
-    let line = m.wait_log("AUTONOMIC_CA_FILE", Duration::from_secs(30));
-    assert!(
-        line.contains("no PEM certificates") && line.contains(&empty.display().to_string()),
-        "the failure should name the file and say it holds no certificate: {line}"
-    );
-    m.wait_log("reconnecting after a delay", Duration::from_secs(10));
-    wait_until("several attempts with the bad CA file", || async {
-        m.logs().matches("no PEM certificates").count() >= 3
-    })
-    .await;
-    assert_eq!(m.metric("autonomic_connected").await, 0.0, "still serving");
-    assert_eq!(cp.accepted(), 0);
-    assert_no_token(&m);
-    drop(m);
+    // A CA file holding no certificate is refused at start (exit 2, the file named):
+    // tests/binary.rs, commands_and_bad_configuration.
 
     // With the CA: hello and snapshot arrive over wss.
     let ns = TestNamespace::new(&client, "cp-ca").await;
