@@ -16,37 +16,12 @@ use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_autonomic-manager");
 
-/// Reads the ELF64 program headers: (has PT_INTERP, has DT_NEEDED).
-fn elf_links(bytes: &[u8]) -> (bool, bool) {
-    assert_eq!(&bytes[..4], b"\x7fELF", "not an ELF file");
-    assert_eq!(bytes[4], 2, "not ELF64");
-    let u16_at = |o: usize| u16::from_le_bytes(bytes[o..o + 2].try_into().unwrap()) as usize;
-    let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap()) as usize;
-    let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));
-    let (mut interp, mut needed) = (false, false);
-    for i in 0..phnum {
-        let ph = phoff + i * phentsize;
-        let p_type = u32::from_le_bytes(bytes[ph..ph + 4].try_into().unwrap());
-        match p_type {
-            3 => interp = true, // PT_INTERP
-            2 => {
-                // PT_DYNAMIC (static-pie has one for self-relocation): look for DT_NEEDED.
-                let (off, size) = (u64_at(ph + 8), u64_at(ph + 32));
-                needed |= bytes[off..off + size]
-                    .chunks_exact(16)
-                    .any(|e| u64::from_le_bytes(e[..8].try_into().unwrap()) == 1);
-            }
-            _ => {}
-        }
-    }
-    (interp, needed)
-}
-
 #[test]
 fn release_binary_is_statically_linked() {
     let bytes = std::fs::read(BIN).unwrap();
+    let e = support::elf(&bytes);
     assert_eq!(
-        elf_links(&bytes),
+        (e.interp, e.needed),
         (false, false),
         "{BIN} is dynamically linked"
     );

@@ -717,3 +717,43 @@ impl<'de> serde::de::Visitor<'de> for NoDuplicateKeysVisitor {
         Ok(NoDuplicateKeys)
     }
 }
+
+/// What an ELF64 little-endian file says of its linking.
+#[derive(Debug, PartialEq)]
+pub struct Elf {
+    pub machine: u16,
+    /// ET_EXEC (2) or ET_DYN (3, a static PIE when it has no interpreter).
+    pub kind: u16,
+    pub interp: bool,
+    pub needed: bool,
+}
+
+pub fn elf(bytes: &[u8]) -> Elf {
+    assert_eq!(&bytes[..4], b"\x7fELF", "not an ELF file");
+    assert_eq!(bytes[4], 2, "not ELF64");
+    assert_eq!(bytes[5], 1, "not little-endian");
+    let u16_at = |o: usize| u16::from_le_bytes(bytes[o..o + 2].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap()) as usize;
+    let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36) as usize, u16_at(0x38));
+    let (mut interp, mut needed) = (false, false);
+    for i in 0..phnum as usize {
+        let ph = phoff + i * phentsize;
+        match u32::from_le_bytes(bytes[ph..ph + 4].try_into().unwrap()) {
+            3 => interp = true, // PT_INTERP
+            2 => {
+                // PT_DYNAMIC: any DT_NEEDED entry is a shared library to load.
+                let (off, size) = (u64_at(ph + 8), u64_at(ph + 32));
+                needed |= bytes[off..off + size]
+                    .chunks_exact(16)
+                    .any(|e| u64::from_le_bytes(e[..8].try_into().unwrap()) == 1);
+            }
+            _ => {}
+        }
+    }
+    Elf {
+        machine: u16_at(0x12),
+        kind: u16_at(0x10),
+        interp,
+        needed,
+    }
+}
