@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, watch};
+use tokio_tungstenite::WebSocketStream;
 
 use crate::audit::AuditLog;
 use crate::cluster::Kube;
@@ -203,9 +204,8 @@ const TOKEN_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Holds the connection until `shutdown` turns true.
 pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
     let config = ctx.config.clone();
-    let link = ctx.link.clone();
     // Validated by the configuration parser (0 < initial <= max).
-    let Ok(mut reconnect) = Reconnect::new(
+    let Ok(reconnect) = Reconnect::new(
         config.backoff_initial,
         config.backoff_max,
         config.eviction_delay,
@@ -230,6 +230,28 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
         let hello = hello(&ctx, &ids, false);
         return http::run(ctx, hello, shutdown, reconnect).await;
     }
+    let dial =
+        |config: Arc<Config>, token: Token| async move { socket::dial(&config, &token).await };
+    run_with(ctx, shutdown, ids, reconnect, dial, backoff::system_random).await
+}
+
+/// The WebSocket dial loop of [`run`]: dials with `dial`, runs a session until it ends,
+/// waits as `reconnect` says (its jitter drawn from `random`), and dials again, until
+/// shutdown. Needs no cluster: tests run it in process on the paused clock.
+async fn run_with<D, Fut, S>(
+    ctx: Arc<Context>,
+    mut shutdown: watch::Receiver<bool>,
+    ids: Ids,
+    mut reconnect: Reconnect,
+    mut dial: D,
+    mut random: impl FnMut() -> u64,
+) where
+    D: FnMut(Arc<Config>, Token) -> Fut,
+    Fut: Future<Output = Result<WebSocketStream<S>, socket::DialError>>,
+    S: session::Transport,
+{
+    let config = ctx.config.clone();
+    let link = ctx.link.clone();
     let url = config.base_url.endpoint(true, "connect");
     // The token of the last dial: a different one on disk ends the wait for the next.
     let mut last_token = None;
@@ -248,7 +270,7 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
             Ok(token) => {
                 last_token = Some(token.clone());
                 let dialled = tokio::select! {
-                    d = socket::dial(&config, &token) => d,
+                    d = dial(config.clone(), token.clone()) => d,
                     _ = shutdown.changed() => return,
                 };
                 match dialled {
@@ -328,7 +350,7 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
                 }
             }
         };
-        let delay = reconnect.delay(why);
+        let delay = reconnect.delay_with(why, &mut random);
         link.reconnects.fetch_add(1, Relaxed);
         tracing::info!(delay_ms = delay.as_millis() as u64, reason = ?why, "reconnecting after a delay");
         tokio::select! {
@@ -344,9 +366,14 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
 /// A context whose client points nowhere, for tests that never reach the API server.
 #[cfg(test)]
 pub(crate) fn test_context() -> Arc<Context> {
+    test_context_with(Config::parse(|_| None).expect("the default configuration"))
+}
+
+/// [`test_context`] with this configuration.
+#[cfg(test)]
+pub(crate) fn test_context_with(config: Config) -> Arc<Context> {
     let kube_config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
     let client = kube::Client::try_from(kube_config).expect("a client");
-    let config = Config::parse(|_| None).expect("the default configuration");
     Arc::new(Context {
         store: Default::default(),
         kube: Kube::new(client, "test"),
