@@ -473,3 +473,222 @@ mod token_tests {
         assert!(wait.await.is_err());
     }
 }
+
+/// The dial loop in process, on the paused clock: each dial is handed to the test, which
+/// refuses it or accepts it with an in-memory pipe whose far end it plays.
+#[cfg(test)]
+mod dial_tests {
+    use super::*;
+    use futures::{SinkExt, StreamExt};
+    use socket::DialError;
+    use std::time::Duration;
+    use tokio::io::DuplexStream;
+    use tokio::sync::{mpsc, oneshot};
+    use tokio::time::Instant;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
+
+    type Pipe = WebSocketStream<DuplexStream>;
+
+    /// One dial of the loop: when it began, and where the test's answer goes.
+    struct Dial {
+        at: Instant,
+        answer: oneshot::Sender<Result<Pipe, DialError>>,
+    }
+
+    impl Dial {
+        fn fail(self, error: DialError) {
+            let _ = self.answer.send(Err(error));
+        }
+
+        fn refuse(self) {
+            self.fail(DialError::Connect {
+                target: "cp.example.com:443".into(),
+                reason: "connection refused".into(),
+            });
+        }
+
+        /// Connects the loop to a pipe and gives the control plane's end.
+        async fn accept(self) -> Pipe {
+            let (ours, theirs) = tokio::io::duplex(1 << 20);
+            let ws = WebSocketStream::from_raw_socket(ours, Role::Client, None).await;
+            let cp = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
+            let _ = self.answer.send(Ok(ws));
+            cp
+        }
+    }
+
+    /// The loop with a token, a 7 s eviction delay, the default schedules, and jitter
+    /// always at its ceiling, so every wait is exact.
+    fn start() -> (
+        mpsc::UnboundedReceiver<Dial>,
+        watch::Sender<bool>,
+        Arc<Context>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let config = Config::parse(|k| match k {
+            "AUTONOMIC_AUTH_TOKEN" => Some("tok_test_0123456789".into()),
+            "AUTONOMIC_EVICTION_DELAY_S" => Some("7".into()),
+            _ => None,
+        })
+        .expect("config");
+        let ctx = test_context_with(config);
+        let c = &ctx.config;
+        let reconnect = Reconnect::new(c.backoff_initial, c.backoff_max, c.eviction_delay);
+        let ids = Ids {
+            boot_id: "boot".into(),
+            cluster_id: "cluster".into(),
+            kubernetes_version: "v1.31.0".into(),
+        };
+        let (dialled, dials) = mpsc::unbounded_channel();
+        let dial = move |_: Arc<Config>, _: Token| {
+            let (answer, answered) = oneshot::channel();
+            let _ = dialled.send(Dial {
+                at: Instant::now(),
+                answer,
+            });
+            async move {
+                match answered.await {
+                    Ok(result) => result,
+                    Err(_) => std::future::pending().await,
+                }
+            }
+        };
+        let (stop, shutdown) = watch::channel(false);
+        let task = tokio::spawn(run_with(
+            ctx.clone(),
+            shutdown,
+            ids,
+            reconnect.expect("the default schedules"),
+            dial,
+            || u64::MAX,
+        ));
+        (dials, stop, ctx, task)
+    }
+
+    /// The next text frame from the manager (pings and pongs skipped), decoded.
+    async fn next_frame(cp: &mut Pipe) -> Frame {
+        loop {
+            match cp.next().await {
+                Some(Ok(Message::Text(t))) => return frame::decode(&t).unwrap().unwrap(),
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                other => panic!("expected a frame, got {other:?}"),
+            }
+        }
+    }
+
+    /// Plays the control plane up to the first snapshot: hello → welcome → snapshot.
+    async fn welcome(cp: &mut Pipe) {
+        assert!(matches!(next_frame(cp).await, Frame::Hello(_)));
+        let welcome = r#"{"type":"welcome","deployment_id":"d","heartbeat_interval_s":15}"#;
+        cp.send(Message::text(welcome)).await.unwrap();
+        assert!(matches!(next_frame(cp).await, Frame::Snapshot(_)));
+    }
+
+    async fn close(cp: &mut Pipe, code: u16, reason: &str) {
+        let frame = CloseFrame {
+            code: code.into(),
+            reason: reason.to_owned().into(),
+        };
+        cp.close(Some(frame)).await.unwrap();
+    }
+
+    async fn next_dial(dials: &mut mpsc::UnboundedReceiver<Dial>) -> Dial {
+        dials.recv().await.expect("the loop dials again")
+    }
+
+    const fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_dials_back_off_from_1s_doubling_to_60s_and_a_welcome_starts_over() {
+        let (mut dials, _stop, _ctx, _task) = start();
+        let mut dial = next_dial(&mut dials).await;
+        let mut gaps = Vec::new();
+        for _ in 0..8 {
+            let at = dial.at;
+            dial.refuse();
+            dial = next_dial(&mut dials).await;
+            gaps.push(dial.at - at);
+        }
+        assert_eq!(gaps, [1, 2, 4, 8, 16, 32, 60, 60].map(secs));
+
+        // Connected and welcomed, then closed with 4002: the normal schedule, from 1 s.
+        let mut cp = dial.accept().await;
+        welcome(&mut cp).await;
+        close(&mut cp, 4002, "protocol error").await;
+        let closed_at = Instant::now();
+        let dial = next_dial(&mut dials).await;
+        assert_eq!(dial.at - closed_at, secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_eviction_waits_exactly_the_eviction_delay() {
+        let (mut dials, _stop, ctx, _task) = start();
+        let mut cp = next_dial(&mut dials).await.accept().await;
+        welcome(&mut cp).await;
+        close(&mut cp, 4000, "evicted by newer connection").await;
+        let closed_at = Instant::now();
+        let dial = next_dial(&mut dials).await;
+        assert_eq!(dial.at - closed_at, secs(7));
+        assert!(
+            ctx.link.state().starts_with("evicted"),
+            "{}",
+            ctx.link.state()
+        );
+
+        // The documented reason alone is an eviction too, before any welcome as well.
+        let mut cp = dial.accept().await;
+        assert!(matches!(next_frame(&mut cp).await, Frame::Hello(_)));
+        close(&mut cp, 1008, "Evicted by newer connection").await;
+        let closed_at = Instant::now();
+        assert_eq!(next_dial(&mut dials).await.at - closed_at, secs(7));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rejected_token_backs_off_up_to_5_minutes() {
+        let (mut dials, _stop, ctx, _task) = start();
+        let mut dial = next_dial(&mut dials).await;
+        let mut gaps = Vec::new();
+        // Closes 4001 (revoked) before any welcome and upgrades refused with 401, in
+        // turn: one schedule, capped at 5 × the normal cap.
+        for n in 0..11 {
+            let ended_at = if n % 2 == 0 {
+                let mut cp = dial.accept().await;
+                assert!(matches!(next_frame(&mut cp).await, Frame::Hello(_)));
+                close(&mut cp, 4001, "token revoked").await;
+                let closed_at = Instant::now();
+                dial = next_dial(&mut dials).await;
+                assert!(ctx.link.state().starts_with("token rejected"));
+                closed_at
+            } else {
+                let at = dial.at;
+                dial.fail(DialError::Rejected {
+                    status: 401,
+                    prefix: "tok_test".into(),
+                });
+                dial = next_dial(&mut dials).await;
+                at
+            };
+            gaps.push(dial.at - ended_at);
+        }
+        assert_eq!(gaps, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300].map(secs));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_during_the_wait_ends_the_loop_at_once() {
+        let (mut dials, stop, _ctx, task) = start();
+        next_dial(&mut dials).await.refuse();
+        // Half-way through the 1 s wait.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let stopped_at = Instant::now();
+        stop.send(true).unwrap();
+        tokio::time::timeout(secs(3600), task)
+            .await
+            .expect("the loop ends")
+            .unwrap();
+        assert_eq!(Instant::now() - stopped_at, Duration::ZERO);
+        assert!(dials.recv().await.is_none(), "no dial after shutdown");
+    }
+}
