@@ -91,7 +91,7 @@ impl Backoff {
 
 /// A uniformly random `u64` from ring's `SystemRandom` (reached through rustls's ring
 /// provider, which wraps it).
-fn system_random() -> u64 {
+pub(crate) fn system_random() -> u64 {
     static SOURCE: OnceLock<&'static dyn rustls::crypto::SecureRandom> = OnceLock::new();
     let source = SOURCE.get_or_init(|| rustls::crypto::ring::default_provider().secure_random);
     let mut bytes = [0; 8];

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, watch};
+use tokio_tungstenite::WebSocketStream;
 
 use crate::audit::AuditLog;
 use crate::cluster::Kube;
@@ -203,9 +204,8 @@ const TOKEN_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Holds the connection until `shutdown` turns true.
 pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
     let config = ctx.config.clone();
-    let link = ctx.link.clone();
     // Validated by the configuration parser (0 < initial <= max).
-    let Ok(mut reconnect) = Reconnect::new(
+    let Ok(reconnect) = Reconnect::new(
         config.backoff_initial,
         config.backoff_max,
         config.eviction_delay,
@@ -230,6 +230,28 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
         let hello = hello(&ctx, &ids, false);
         return http::run(ctx, hello, shutdown, reconnect).await;
     }
+    let dial =
+        |config: Arc<Config>, token: Token| async move { socket::dial(&config, &token).await };
+    run_with(ctx, shutdown, ids, reconnect, dial, backoff::system_random).await
+}
+
+/// The WebSocket dial loop of [`run`]: dials with `dial`, runs a session until it ends,
+/// waits as `reconnect` says (its jitter drawn from `random`), and dials again, until
+/// shutdown. Needs no cluster: tests run it in process on the paused clock.
+async fn run_with<D, Fut, S>(
+    ctx: Arc<Context>,
+    mut shutdown: watch::Receiver<bool>,
+    ids: Ids,
+    mut reconnect: Reconnect,
+    mut dial: D,
+    mut random: impl FnMut() -> u64,
+) where
+    D: FnMut(Arc<Config>, Token) -> Fut,
+    Fut: Future<Output = Result<WebSocketStream<S>, socket::DialError>>,
+    S: session::Transport,
+{
+    let config = ctx.config.clone();
+    let link = ctx.link.clone();
     let url = config.base_url.endpoint(true, "connect");
     // The token of the last dial: a different one on disk ends the wait for the next.
     let mut last_token = None;
@@ -248,7 +270,7 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
             Ok(token) => {
                 last_token = Some(token.clone());
                 let dialled = tokio::select! {
-                    d = socket::dial(&config, &token) => d,
+                    d = dial(config.clone(), token.clone()) => d,
                     _ = shutdown.changed() => return,
                 };
                 match dialled {
@@ -328,7 +350,7 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
                 }
             }
         };
-        let delay = reconnect.delay(why);
+        let delay = reconnect.delay_with(why, &mut random);
         link.reconnects.fetch_add(1, Relaxed);
         tracing::info!(delay_ms = delay.as_millis() as u64, reason = ?why, "reconnecting after a delay");
         tokio::select! {
@@ -344,9 +366,14 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
 /// A context whose client points nowhere, for tests that never reach the API server.
 #[cfg(test)]
 pub(crate) fn test_context() -> Arc<Context> {
+    test_context_with(Config::parse(|_| None).expect("the default configuration"))
+}
+
+/// [`test_context`] with this configuration.
+#[cfg(test)]
+pub(crate) fn test_context_with(config: Config) -> Arc<Context> {
     let kube_config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URI"));
     let client = kube::Client::try_from(kube_config).expect("a client");
-    let config = Config::parse(|_| None).expect("the default configuration");
     Arc::new(Context {
         store: Default::default(),
         kube: Kube::new(client, "test"),
@@ -444,5 +471,224 @@ mod token_tests {
             Config::parse(|k| (k == "AUTONOMIC_AUTH_TOKEN").then(|| "tok_x".into())).unwrap();
         let wait = tokio::time::timeout(Duration::from_secs(3600), token_changed(&config, None));
         assert!(wait.await.is_err());
+    }
+}
+
+/// The dial loop in process, on the paused clock: each dial is handed to the test, which
+/// refuses it or accepts it with an in-memory pipe whose far end it plays.
+#[cfg(test)]
+mod dial_tests {
+    use super::*;
+    use futures::{SinkExt, StreamExt};
+    use socket::DialError;
+    use std::time::Duration;
+    use tokio::io::DuplexStream;
+    use tokio::sync::{mpsc, oneshot};
+    use tokio::time::Instant;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
+
+    type Pipe = WebSocketStream<DuplexStream>;
+
+    /// One dial of the loop: when it began, and where the test's answer goes.
+    struct Dial {
+        at: Instant,
+        answer: oneshot::Sender<Result<Pipe, DialError>>,
+    }
+
+    impl Dial {
+        fn fail(self, error: DialError) {
+            let _ = self.answer.send(Err(error));
+        }
+
+        fn refuse(self) {
+            self.fail(DialError::Connect {
+                target: "cp.example.com:443".into(),
+                reason: "connection refused".into(),
+            });
+        }
+
+        /// Connects the loop to a pipe and gives the control plane's end.
+        async fn accept(self) -> Pipe {
+            let (ours, theirs) = tokio::io::duplex(1 << 20);
+            let ws = WebSocketStream::from_raw_socket(ours, Role::Client, None).await;
+            let cp = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
+            let _ = self.answer.send(Ok(ws));
+            cp
+        }
+    }
+
+    /// The loop with a token, a 7 s eviction delay, the default schedules, and jitter
+    /// always at its ceiling, so every wait is exact.
+    fn start() -> (
+        mpsc::UnboundedReceiver<Dial>,
+        watch::Sender<bool>,
+        Arc<Context>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let config = Config::parse(|k| match k {
+            "AUTONOMIC_AUTH_TOKEN" => Some("tok_test_0123456789".into()),
+            "AUTONOMIC_EVICTION_DELAY_S" => Some("7".into()),
+            _ => None,
+        })
+        .expect("config");
+        let ctx = test_context_with(config);
+        let c = &ctx.config;
+        let reconnect = Reconnect::new(c.backoff_initial, c.backoff_max, c.eviction_delay);
+        let ids = Ids {
+            boot_id: "boot".into(),
+            cluster_id: "cluster".into(),
+            kubernetes_version: "v1.31.0".into(),
+        };
+        let (dialled, dials) = mpsc::unbounded_channel();
+        let dial = move |_: Arc<Config>, _: Token| {
+            let (answer, answered) = oneshot::channel();
+            let _ = dialled.send(Dial {
+                at: Instant::now(),
+                answer,
+            });
+            async move {
+                match answered.await {
+                    Ok(result) => result,
+                    Err(_) => std::future::pending().await,
+                }
+            }
+        };
+        let (stop, shutdown) = watch::channel(false);
+        let task = tokio::spawn(run_with(
+            ctx.clone(),
+            shutdown,
+            ids,
+            reconnect.expect("the default schedules"),
+            dial,
+            || u64::MAX,
+        ));
+        (dials, stop, ctx, task)
+    }
+
+    /// The next text frame from the manager (pings and pongs skipped), decoded.
+    async fn next_frame(cp: &mut Pipe) -> Frame {
+        loop {
+            match cp.next().await {
+                Some(Ok(Message::Text(t))) => return frame::decode(&t).unwrap().unwrap(),
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                other => panic!("expected a frame, got {other:?}"),
+            }
+        }
+    }
+
+    /// Plays the control plane up to the first snapshot: hello → welcome → snapshot.
+    async fn welcome(cp: &mut Pipe) {
+        assert!(matches!(next_frame(cp).await, Frame::Hello(_)));
+        let welcome = r#"{"type":"welcome","deployment_id":"d","heartbeat_interval_s":15}"#;
+        cp.send(Message::text(welcome)).await.unwrap();
+        assert!(matches!(next_frame(cp).await, Frame::Snapshot(_)));
+    }
+
+    async fn close(cp: &mut Pipe, code: u16, reason: &str) {
+        let frame = CloseFrame {
+            code: code.into(),
+            reason: reason.to_owned().into(),
+        };
+        cp.close(Some(frame)).await.unwrap();
+    }
+
+    async fn next_dial(dials: &mut mpsc::UnboundedReceiver<Dial>) -> Dial {
+        dials.recv().await.expect("the loop dials again")
+    }
+
+    const fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_dials_back_off_from_1s_doubling_to_60s_and_a_welcome_starts_over() {
+        let (mut dials, _stop, _ctx, _task) = start();
+        let mut dial = next_dial(&mut dials).await;
+        let mut gaps = Vec::new();
+        for _ in 0..8 {
+            let at = dial.at;
+            dial.refuse();
+            dial = next_dial(&mut dials).await;
+            gaps.push(dial.at - at);
+        }
+        assert_eq!(gaps, [1, 2, 4, 8, 16, 32, 60, 60].map(secs));
+
+        // Connected and welcomed, then closed with 4002: the normal schedule, from 1 s.
+        let mut cp = dial.accept().await;
+        welcome(&mut cp).await;
+        close(&mut cp, 4002, "protocol error").await;
+        let closed_at = Instant::now();
+        let dial = next_dial(&mut dials).await;
+        assert_eq!(dial.at - closed_at, secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_eviction_waits_exactly_the_eviction_delay() {
+        let (mut dials, _stop, ctx, _task) = start();
+        let mut cp = next_dial(&mut dials).await.accept().await;
+        welcome(&mut cp).await;
+        close(&mut cp, 4000, "evicted by newer connection").await;
+        let closed_at = Instant::now();
+        let dial = next_dial(&mut dials).await;
+        assert_eq!(dial.at - closed_at, secs(7));
+        assert!(
+            ctx.link.state().starts_with("evicted"),
+            "{}",
+            ctx.link.state()
+        );
+
+        // The documented reason alone is an eviction too, before any welcome as well.
+        let mut cp = dial.accept().await;
+        assert!(matches!(next_frame(&mut cp).await, Frame::Hello(_)));
+        close(&mut cp, 1008, "Evicted by newer connection").await;
+        let closed_at = Instant::now();
+        assert_eq!(next_dial(&mut dials).await.at - closed_at, secs(7));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rejected_token_backs_off_up_to_5_minutes() {
+        let (mut dials, _stop, ctx, _task) = start();
+        let mut dial = next_dial(&mut dials).await;
+        let mut gaps = Vec::new();
+        // Closes 4001 (revoked) before any welcome and upgrades refused with 401, in
+        // turn: one schedule, capped at 5 × the normal cap.
+        for n in 0..11 {
+            let ended_at = if n % 2 == 0 {
+                let mut cp = dial.accept().await;
+                assert!(matches!(next_frame(&mut cp).await, Frame::Hello(_)));
+                close(&mut cp, 4001, "token revoked").await;
+                let closed_at = Instant::now();
+                dial = next_dial(&mut dials).await;
+                assert!(ctx.link.state().starts_with("token rejected"));
+                closed_at
+            } else {
+                let at = dial.at;
+                dial.fail(DialError::Rejected {
+                    status: 401,
+                    prefix: "tok_test".into(),
+                });
+                dial = next_dial(&mut dials).await;
+                at
+            };
+            gaps.push(dial.at - ended_at);
+        }
+        assert_eq!(gaps, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300].map(secs));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_during_the_wait_ends_the_loop_at_once() {
+        let (mut dials, stop, _ctx, task) = start();
+        next_dial(&mut dials).await.refuse();
+        // Half-way through the 1 s wait.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let stopped_at = Instant::now();
+        stop.send(true).unwrap();
+        tokio::time::timeout(secs(3600), task)
+            .await
+            .expect("the loop ends")
+            .unwrap();
+        assert_eq!(Instant::now() - stopped_at, Duration::ZERO);
+        assert!(dials.recv().await.is_none(), "no dial after shutdown");
     }
 }

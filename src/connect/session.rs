@@ -540,7 +540,20 @@ mod tests {
         Arc<Mutex<Vec<bool>>>,
         tokio::task::JoinHandle<End>,
     ) {
-        let ctx = crate::connect::test_context();
+        start_in(crate::connect::test_context(), buffer, answer).await
+    }
+
+    /// As [`start_with`], in `ctx` (whose link the test marks changes on).
+    async fn start_in(
+        ctx: Arc<Context>,
+        buffer: usize,
+        answer: Answer,
+    ) -> (
+        Peer,
+        watch::Sender<bool>,
+        Arc<Mutex<Vec<bool>>>,
+        tokio::task::JoinHandle<End>,
+    ) {
         assert_eq!(ctx.config.welcome_timeout, Duration::from_secs(10));
         let (ours, theirs) = tokio::io::duplex(buffer);
         let ws = WebSocketStream::from_raw_socket(ours, Role::Client, None).await;
@@ -783,6 +796,102 @@ mod tests {
         };
         assert_eq!((result.id.as_str(), result.ok), ("c", true));
         assert_eq!(Instant::now() - sent_at, Duration::from_secs(3));
+        stopped(cp, stop, task).await;
+    }
+
+    /// A change to an object the store does not hold: a removal in the delta.
+    fn removed(name: &str) -> crate::store::watch::Changed {
+        crate::store::watch::Changed {
+            key: crate::crd::Key::new(crate::crd::Kind::Agent, "ns", name),
+            removed: true,
+            uid: format!("uid-{name}"),
+        }
+    }
+
+    /// The names in a delta, sorted.
+    fn names(frame: Frame) -> Vec<String> {
+        let Frame::Delta(delta) = frame else {
+            panic!("expected a delta, got {frame:?}")
+        };
+        let mut names: Vec<String> = delta
+            .changes
+            .into_iter()
+            .map(|c| match c {
+                frame::Change::Remove { name, .. } => name,
+                other => panic!("expected a removal, got {other:?}"),
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn changes_within_100ms_leave_as_one_delta_and_deltas_keep_100ms_apart() {
+        let ms = Duration::from_millis;
+        let ctx = crate::connect::test_context();
+        let link = ctx.link.clone();
+        let (mut cp, stop, _, task) = start_in(ctx, 1 << 20, answer_control).await;
+        next_frame(&mut cp).await;
+        cp.send(Message::text(WELCOME_2S)).await.unwrap();
+        let Frame::Snapshot(_) = next_frame(&mut cp).await else {
+            panic!("expected a snapshot")
+        };
+        // Within the window that began with the snapshot: changes at 0, 10 and 50 ms
+        // leave together, in one delta, at its end.
+        let t = Instant::now();
+        for (at, name) in [(0, "a"), (10, "b"), (50, "c")] {
+            tokio::time::sleep_until(t + ms(at)).await;
+            link.mark(removed(name));
+        }
+        assert_eq!(names(next_frame(&mut cp).await), ["a", "b", "c"]);
+        assert_eq!(Instant::now() - t, ms(100));
+        assert_eq!(link.deltas_sent.load(Relaxed), 1);
+
+        // A change 20 ms after that delta waits for its window's end: 100 ms after it.
+        let delta_at = Instant::now();
+        tokio::time::sleep(ms(20)).await;
+        link.mark(removed("d"));
+        assert_eq!(names(next_frame(&mut cp).await), ["d"]);
+        assert_eq!(Instant::now() - delta_at, ms(100));
+
+        // After a quiet window a change leaves at once.
+        tokio::time::sleep(ms(500)).await;
+        let marked_at = Instant::now();
+        link.mark(removed("e"));
+        assert_eq!(names(next_frame(&mut cp).await), ["e"]);
+        assert_eq!(Instant::now(), marked_at);
+        stopped(cp, stop, task).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_snapshots_follow_at_the_welcomes_interval() {
+        let (mut cp, stop, _, task) = start().await;
+        next_frame(&mut cp).await;
+        cp.send(Message::text(
+            r#"{"type":"welcome","deployment_id":"d","heartbeat_interval_s":10,"snapshot_interval_s":30}"#,
+        ))
+        .await
+        .unwrap();
+        let Frame::Snapshot(first) = next_frame(&mut cp).await else {
+            panic!("expected a snapshot")
+        };
+        assert_eq!(first.seq, 1);
+        let welcomed_at = Instant::now();
+        for (at, seq) in [(30, 2), (60, 3)] {
+            // Heartbeats in between are answered, so the peer is not silent.
+            let snapshot = loop {
+                match next_frame(&mut cp).await {
+                    Frame::Heartbeat(_) => cp
+                        .send(Message::text(r#"{"type":"heartbeat","sent_at":"t"}"#))
+                        .await
+                        .unwrap(),
+                    Frame::Snapshot(s) => break s,
+                    other => panic!("unexpected {other:?}"),
+                }
+            };
+            assert_eq!(Instant::now() - welcomed_at, Duration::from_secs(at));
+            assert_eq!(snapshot.seq, seq);
+        }
         stopped(cp, stop, task).await;
     }
 }
