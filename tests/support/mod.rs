@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 pub mod fake_cp;
 pub mod fake_http;
+pub mod faults;
 pub mod pki;
 
 use std::io::{BufRead, BufReader};
