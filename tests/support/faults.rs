@@ -35,10 +35,19 @@ pub enum Fault {
     Reset,
 }
 
+/// What every connection watches: the mode, and how many resets were asked for. A reset
+/// is an event, not only a mode: a connection alive when one was asked ends with an RST
+/// even if the mode has moved on before its task looked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ctl {
+    mode: Fault,
+    resets: u64,
+}
+
 /// The proxy. Not `Clone`: dropping it shuts it down.
 pub struct FaultProxy {
     addr: SocketAddr,
-    mode: watch::Sender<Fault>,
+    mode: watch::Sender<Ctl>,
     counts: Arc<Counts>,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -55,7 +64,10 @@ impl FaultProxy {
     /// Starts forwarding to `target` (`host:port`, resolved on every connection), in
     /// mode [`Fault::Pass`].
     pub fn start(target: &str) -> FaultProxy {
-        let (mode, mode_rx) = watch::channel(Fault::Pass);
+        let (mode, mode_rx) = watch::channel(Ctl {
+            mode: Fault::Pass,
+            resets: 0,
+        });
         let counts = Arc::new(Counts::default());
         let (shutdown, stopped) = oneshot::channel::<()>();
         let (bound, on_bound) = std::sync::mpsc::channel();
@@ -101,13 +113,19 @@ impl FaultProxy {
         self.addr.port()
     }
 
-    /// Switches the mode; live connections follow at once.
+    /// Switches the mode; live connections follow at once. [`Fault::Reset`] resets every
+    /// connection alive at this moment, however soon the mode changes again.
     pub fn set(&self, mode: Fault) {
-        self.mode.send_replace(mode);
+        self.mode.send_modify(|c| {
+            c.mode = mode;
+            if mode == Fault::Reset {
+                c.resets += 1;
+            }
+        });
     }
 
     pub fn mode(&self) -> Fault {
-        *self.mode.borrow()
+        self.mode.borrow().mode
     }
 
     /// Connections accepted so far (whatever became of them).
@@ -140,7 +158,7 @@ impl Drop for FaultProxy {
 async fn accept_loop(
     listener: TcpListener,
     target: String,
-    mode: watch::Receiver<Fault>,
+    mode: watch::Receiver<Ctl>,
     counts: Arc<Counts>,
 ) {
     loop {
@@ -179,11 +197,16 @@ fn reset(stream: TcpStream) {
     drop(stream);
 }
 
-async fn serve(client: TcpStream, target: String, mut mode: watch::Receiver<Fault>, live: Live) {
+async fn serve(client: TcpStream, target: String, mut mode: watch::Receiver<Ctl>, live: Live) {
+    let born = mode.borrow_and_update().resets;
     // Before dialling: wait for a mode that forwards.
     loop {
         let now = *mode.borrow_and_update();
-        match now {
+        if now.resets != born {
+            live.0.resets.fetch_add(1, Relaxed);
+            return reset(client);
+        }
+        match now.mode {
             Fault::Pass | Fault::Slow(_) => break,
             Fault::Reset => {
                 live.0.resets.fetch_add(1, Relaxed);
@@ -191,7 +214,7 @@ async fn serve(client: TcpStream, target: String, mut mode: watch::Receiver<Faul
             }
             Fault::BlackHole => {
                 // Never answered, whatever comes later; an RST still ends it.
-                let _ = mode.wait_for(|m| *m == Fault::Reset).await;
+                let _ = mode.wait_for(|c| c.resets != born).await;
                 live.0.resets.fetch_add(1, Relaxed);
                 return reset(client);
             }
@@ -211,8 +234,8 @@ async fn serve(client: TcpStream, target: String, mut mode: watch::Receiver<Faul
     let end = {
         let (mut cr, mut cw) = client.split();
         let (mut ur, mut uw) = upstream.split();
-        let up = pump(&mut cr, &mut uw, mode.clone());
-        let down = pump(&mut ur, &mut cw, mode.clone());
+        let up = pump(&mut cr, &mut uw, mode.clone(), born);
+        let down = pump(&mut ur, &mut cw, mode.clone(), born);
         tokio::pin!(up, down);
         let (mut a, mut b) = (None, None);
         loop {
@@ -247,7 +270,7 @@ enum End {
 }
 
 /// One direction of one connection, obeying the mode at every step.
-async fn pump<R, W>(rd: &mut R, wr: &mut W, mut mode: watch::Receiver<Fault>) -> End
+async fn pump<R, W>(rd: &mut R, wr: &mut W, mut mode: watch::Receiver<Ctl>, born: u64) -> End
 where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
@@ -255,7 +278,10 @@ where
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let now = *mode.borrow_and_update();
-        let limit = match now {
+        if now.resets != born {
+            return End::Reset;
+        }
+        let limit = match now.mode {
             Fault::Reset => return End::Reset,
             Fault::Stall | Fault::BlackHole => {
                 if mode.changed().await.is_err() {
@@ -289,13 +315,13 @@ where
             w = wr.write_all(&buf[..n]) => if w.is_err() {
                 return End::Error;
             },
-            _ = mode.wait_for(|m| *m == Fault::Reset) => return End::Reset,
+            _ = mode.wait_for(|c| c.resets != born) => return End::Reset,
         }
-        if let Fault::Slow(rate) = now {
+        if let Fault::Slow(rate) = now.mode {
             let pause = Duration::from_secs_f64(n as f64 / rate.max(1) as f64);
             tokio::select! {
                 () = tokio::time::sleep(pause) => {}
-                _ = mode.wait_for(|m| *m == Fault::Reset) => return End::Reset,
+                _ = mode.wait_for(|c| c.resets != born) => return End::Reset,
             }
         }
     }
