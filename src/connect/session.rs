@@ -463,6 +463,12 @@ async fn drive<S: Transport>(
                 conn.delta().await?;
             }
             _ = link.audit.notify.notified() => conn.flush_audit().await?,
+            // §4.5 to the moment: a check only at the next heartbeat tick would find a
+            // silent peer dead up to one interval late (60 s instead of 45 s).
+            () = sleep_until(last_rx + heartbeat.saturating_mul(3)) => {
+                tracing::warn!(silent_s = last_rx.elapsed().as_secs(), "nothing from the control plane for 3 heartbeat intervals: reconnecting");
+                return Err(End::Dead);
+            }
             _ = heartbeat_tick.tick() => {
                 if silent_too_long(last_rx, Instant::now(), heartbeat) {
                     tracing::warn!(silent_s = last_rx.elapsed().as_secs(), "nothing from the control plane for 3 heartbeat intervals: reconnecting");
@@ -673,6 +679,36 @@ mod tests {
         assert!(!silent_too_long(Instant::now(), Instant::now(), heartbeat));
         // A huge interval from the peer cannot overflow.
         assert!(!silent_too_long(last_rx, Instant::now(), Duration::MAX));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_peer_is_dead_three_intervals_after_its_last_frame_not_a_tick_later() {
+        let (mut cp, _stop, _, task) = start().await;
+        next_frame(&mut cp).await;
+        cp.send(Message::text(WELCOME_2S)).await.unwrap();
+        let Frame::Snapshot(_) = next_frame(&mut cp).await else {
+            panic!("expected a snapshot")
+        };
+        // The heartbeat at 2 s is answered at 2.5 s; then the peer says nothing more.
+        let welcomed_at = Instant::now();
+        assert!(matches!(next_frame(&mut cp).await, Frame::Heartbeat(_)));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cp.send(Message::text(r#"{"type":"heartbeat","sent_at":"t"}"#))
+            .await
+            .unwrap();
+        let reader = tokio::spawn(async move { while let Some(Ok(_)) = cp.next().await {} });
+        let end = tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("the silent peer was never found dead")
+            .unwrap();
+        assert_eq!(end, End::Dead);
+        // Dead at 2.5 s + 3 × 2 s (then the bounded close), not at the tick of 10 s.
+        let dead_after = Instant::now() - welcomed_at;
+        assert!(
+            dead_after >= Duration::from_millis(8500) && dead_after < Duration::from_secs(10),
+            "{dead_after:?}"
+        );
+        reader.abort();
     }
 
     const WELCOME_2S: &str = r#"{"type":"welcome","deployment_id":"d","heartbeat_interval_s":2}"#;

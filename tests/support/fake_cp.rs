@@ -165,6 +165,9 @@ struct State {
     heartbeat_interval_s: u64,
     snapshot_interval_s: u64,
     auto_heartbeat: bool,
+    /// Send a heartbeat of its own this often on each new connection (§4.5: both sides
+    /// send them), besides the answers of `auto_heartbeat`.
+    heartbeat_every: Option<Duration>,
     accepted: usize,
     /// The most connections ever open at one instant.
     max_open: usize,
@@ -259,11 +262,27 @@ impl FakeCp {
         FakeCp::start_on(ip, "", Some(tls_acceptor(cert_pem, key_pem))).await
     }
 
+    /// Like [`start`](Self::start), on a given port of `127.0.0.1` (retrying for up to
+    /// 10 s while it is taken): a new control plane where an old one (dropped) listened,
+    /// as a restarted control plane comes back at the same address.
+    pub async fn start_at(port: u16) -> FakeCp {
+        FakeCp::start_on_port(std::net::Ipv4Addr::LOCALHOST, port, "", None).await
+    }
+
     async fn start_inner(prefix: &str, tls: Option<TlsAcceptor>) -> FakeCp {
         FakeCp::start_on(std::net::Ipv4Addr::LOCALHOST, prefix, tls).await
     }
 
     async fn start_on(ip: std::net::Ipv4Addr, prefix: &str, tls: Option<TlsAcceptor>) -> FakeCp {
+        FakeCp::start_on_port(ip, 0, prefix, tls).await
+    }
+
+    async fn start_on_port(
+        ip: std::net::Ipv4Addr,
+        port: u16,
+        prefix: &str,
+        tls: Option<TlsAcceptor>,
+    ) -> FakeCp {
         let prefix = if prefix.is_empty() || prefix.starts_with('/') {
             prefix.to_owned()
         } else {
@@ -276,6 +295,7 @@ impl FakeCp {
                 heartbeat_interval_s: 15,
                 snapshot_interval_s: 300,
                 auto_heartbeat: true,
+                heartbeat_every: None,
                 accepted: 0,
                 max_open: 0,
                 tls_failures: 0,
@@ -315,7 +335,7 @@ impl FakeCp {
             shutdown: Some(shutdown),
             thread: Some(thread),
         };
-        cp.port = cp.listen(0).await;
+        cp.port = cp.listen(port).await;
         cp
     }
 
@@ -354,6 +374,14 @@ impl FakeCp {
     /// Whether a `heartbeat` from the manager is answered with one (default true).
     pub fn set_auto_heartbeat(&self, on: bool) {
         self.inner.state().auto_heartbeat = on;
+    }
+
+    /// Whether each connection accepted from now on sends a heartbeat of its own every
+    /// `every` (default None: heartbeats only answer the manager's), as a control plane
+    /// following §4.5 does: it then keeps talking while the manager's own heartbeats
+    /// wait behind a large snapshot on a slow link.
+    pub fn set_heartbeat_every(&self, every: Option<Duration>) {
+        self.inner.state().heartbeat_every = every;
     }
 
     /// Upgrades accepted (101) so far.
@@ -854,9 +882,24 @@ async fn serve_socket(inner: Arc<Inner>, mut tcp: Stream) {
     };
     let silent = mode == Mode::Silent;
     ws.get_mut().muted = silent;
+    let every = inner.state().heartbeat_every;
+    let mut beat = every.map(|d| tokio::time::interval_at(tokio::time::Instant::now() + d, d));
 
     loop {
         tokio::select! {
+            _ = async {
+                match beat.as_mut() {
+                    Some(b) => {
+                        b.tick().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }, if !silent => {
+                let frame = json!({"type": "heartbeat", "sent_at": rfc3339(SystemTime::now())});
+                if ws.send(Message::text(frame.to_string())).await.is_err() {
+                    break;
+                }
+            }
             cmd = rx.recv() => match cmd {
                 None => break,
                 Some(Cmd::Send(msg, ack)) => {

@@ -7,6 +7,7 @@
 #![allow(clippy::disallowed_methods)]
 pub mod fake_cp;
 pub mod fake_http;
+pub mod faults;
 pub mod pki;
 
 use std::io::{BufRead, BufReader};
