@@ -6,7 +6,8 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use autonomic_manager::crd::{Agent, AgentPhase, Runtime};
 use kube::api::PostParams;
