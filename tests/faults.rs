@@ -169,7 +169,7 @@ async fn a_stalled_control_plane_is_found_dead_and_the_next_snapshot_has_what_ch
             r.conn == 1 && r.at > now && r.frame_type() == Some("heartbeat")
         })
         .await;
-    tokio::time::sleep_until((beat.at + Duration::from_millis(1500)).into()).await;
+    tokio::time::sleep_until(beat.at + Duration::from_millis(1500)).await;
 
     proxy.set(Fault::Stall);
     let stalled = Instant::now();
