@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod control;
 pub mod frame;
 pub mod http;
+pub mod progress;
 pub mod session;
 pub mod shell;
 pub mod socket;
@@ -489,11 +490,12 @@ mod dial_tests {
     use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
 
     type Pipe = WebSocketStream<DuplexStream>;
+    type Ours = WebSocketStream<super::progress::Progress<DuplexStream>>;
 
     /// One dial of the loop: when it began, and where the test's answer goes.
     struct Dial {
         at: Instant,
-        answer: oneshot::Sender<Result<Pipe, DialError>>,
+        answer: oneshot::Sender<Result<Ours, DialError>>,
     }
 
     impl Dial {
@@ -511,6 +513,7 @@ mod dial_tests {
         /// Connects the loop to a pipe and gives the control plane's end.
         async fn accept(self) -> Pipe {
             let (ours, theirs) = tokio::io::duplex(1 << 20);
+            let ours = super::progress::Progress::new(ours);
             let ws = WebSocketStream::from_raw_socket(ours, Role::Client, None).await;
             let cp = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
             let _ = self.answer.send(Ok(ws));

@@ -8,17 +8,18 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, SinkExt, StreamExt};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use super::Context;
 use super::frame::{self, Frame};
+pub use super::progress::Transport;
+use super::progress::WriteClock;
 use super::shell::{Outgoing, Reply, Shells};
 use super::{Link, wire};
 use crate::audit::now_rfc3339;
@@ -57,16 +58,13 @@ fn answer_control(ctx: Arc<Context>, c: Control) -> BoxFuture<'static, Frame> {
     async move { super::control::answer(&ctx, c).await }.boxed()
 }
 
-/// The bound on writing one message: the dead-connection bound of §4.5 (3 heartbeat
+/// The bound on a write without progress: the dead-connection bound of §4.5 (3 heartbeat
 /// intervals; the default interval until a `welcome` sets it). A socket that takes no
-/// bytes for that long is as dead as one that sends none.
+/// bytes for that long is as dead as one that sends none; one that takes them slowly is
+/// not (see [`super::progress`]).
 fn write_bound(heartbeat: Duration) -> Duration {
     heartbeat.saturating_mul(3)
 }
-
-/// What a session runs over: the dialled socket, or an in-memory pipe in tests.
-pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for T {}
 
 struct Conn<'a, S> {
     ws: WebSocketStream<S>,
@@ -79,8 +77,10 @@ struct Conn<'a, S> {
     /// stop the socket loop.
     controls: JoinSet<Frame>,
     answer: Answer,
-    /// How long one message may take to be written before the session is dead.
+    /// How long a write may go without the peer taking a byte before the session is dead.
     write_bound: Duration,
+    /// When the peer last took bytes.
+    written: WriteClock,
     /// Honoured while a write is blocked, too.
     shutdown: watch::Receiver<bool>,
 }
@@ -100,15 +100,24 @@ impl<S: Transport> Conn<'_, S> {
             .fetch_add(message.len() as u64, Relaxed);
         let bound = self.write_bound;
         let mut shutdown = self.shutdown.clone();
-        tokio::select! {
-            sent = tokio::time::timeout(bound, self.ws.send(message)) => match sent {
-                Ok(sent) => sent.map_err(|e| End::Dropped(format!("send failed: {e}"))),
-                Err(_) => {
-                    tracing::warn!(bound_s = bound.as_secs(), "the control plane took no bytes within the bound: reconnecting");
-                    Err(End::Dead)
+        let written = self.written.clone();
+        let started = Instant::now();
+        let send = self.ws.send(message);
+        tokio::pin!(send);
+        loop {
+            let stalled_until = written.last().max(started) + bound;
+            tokio::select! {
+                sent = &mut send => {
+                    return sent.map_err(|e| End::Dropped(format!("send failed: {e}")));
                 }
-            },
-            _ = shutdown.wait_for(|stop| *stop) => Err(End::Shutdown),
+                () = sleep_until(stalled_until) => {
+                    if written.last().max(started) + bound <= Instant::now() {
+                        tracing::warn!(bound_s = bound.as_secs(), "the control plane took no bytes within the bound: reconnecting");
+                        return Err(End::Dead);
+                    }
+                }
+                _ = shutdown.wait_for(|stop| *stop) => return Err(End::Shutdown),
+            }
         }
     }
 
@@ -180,6 +189,36 @@ impl<S: Transport> Conn<'_, S> {
             reference,
         });
         self.send(&frame).await
+    }
+
+    /// One message from the peer. `last_rx` moves for anything but a pong: the peer's
+    /// WebSocket library answers pings even when the control plane behind it is hung.
+    async fn on_message(
+        &mut self,
+        msg: Option<Result<Message, WsError>>,
+        last_rx: &mut Instant,
+    ) -> Result<(), End> {
+        if !matches!(msg, Some(Ok(Message::Pong(_)))) {
+            *last_rx = Instant::now();
+        }
+        match msg {
+            Some(Ok(Message::Text(t))) => self.handle_text(&t).await,
+            Some(Ok(Message::Binary(b))) => {
+                let reply = self.shells.input(&b);
+                self.reply(reply, "binary").await
+            }
+            Some(Ok(Message::Pong(_))) => {
+                if let Some(sent) = self.ping_sent.take() {
+                    let rtt = sent.elapsed().as_micros() as u64;
+                    self.link().heartbeat_rtt_us.store(rtt.max(1), Relaxed);
+                }
+                Ok(())
+            }
+            Some(Ok(Message::Close(f))) => Err(closed(f)),
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => Err(End::Dropped(e.to_string())),
+            None => Err(End::Dropped("connection closed".into())),
+        }
     }
 
     async fn handle_text(&mut self, text: &str) -> Result<(), End> {
@@ -310,12 +349,6 @@ fn closed(f: Option<CloseFrame>) -> End {
     }
 }
 
-/// §4.5: nothing at all from the control plane for 3 heartbeat intervals means the
-/// connection is dead.
-pub fn silent_too_long(last_rx: Instant, now: Instant, heartbeat: Duration) -> bool {
-    now.saturating_duration_since(last_rx) >= heartbeat.saturating_mul(3)
-}
-
 /// Runs one connected session until it ends. `on_welcome` is called once the session
 /// is established: with `true` when a `welcome` came, `false` when it went on without.
 pub async fn run<S: Transport>(
@@ -336,6 +369,7 @@ async fn run_with<S: Transport>(
     on_welcome: impl FnOnce(bool),
     answer: Answer,
 ) -> End {
+    let written = ws.get_ref().write_clock();
     let mut conn = Conn {
         ws,
         seq: 0,
@@ -345,6 +379,7 @@ async fn run_with<S: Transport>(
         controls: JoinSet::new(),
         answer,
         write_bound: write_bound(frame::Welcome::defaults().heartbeat_interval()),
+        written,
         shutdown: shutdown.clone(),
     };
     let end = match drive(&mut conn, hello, shutdown, on_welcome).await {
@@ -430,30 +465,7 @@ async fn drive<S: Transport>(
     loop {
         tokio::select! {
             _ = shutdown.changed() => return Err(End::Shutdown),
-            msg = conn.ws.next() => {
-                // Pongs do not count: the peer's WebSocket library sends them even when
-                // the control plane behind it is hung.
-                if !matches!(msg, Some(Ok(Message::Pong(_)))) {
-                    last_rx = Instant::now();
-                }
-                match msg {
-                    Some(Ok(Message::Text(t))) => conn.handle_text(&t).await?,
-                    Some(Ok(Message::Binary(b))) => {
-                        let reply = conn.shells.input(&b);
-                        conn.reply(reply, "binary").await?;
-                    }
-                    Some(Ok(Message::Pong(_))) => {
-                        if let Some(sent) = conn.ping_sent.take() {
-                            let rtt = sent.elapsed().as_micros() as u64;
-                            link.heartbeat_rtt_us.store(rtt.max(1), Relaxed);
-                        }
-                    }
-                    Some(Ok(Message::Close(f))) => return Err(closed(f)),
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => return Err(End::Dropped(e.to_string())),
-                    None => return Err(End::Dropped("connection closed".into())),
-                }
-            }
+            msg = conn.ws.next() => conn.on_message(msg, &mut last_rx).await?,
             _ = link.dirty_notify.notified(), if delta_due.is_none() => {
                 delta_due = Some((last_delta + COALESCE).max(Instant::now()));
             }
@@ -465,15 +477,18 @@ async fn drive<S: Transport>(
             _ = link.audit.notify.notified() => conn.flush_audit().await?,
             // §4.5 to the moment: a check only at the next heartbeat tick would find a
             // silent peer dead up to one interval late (60 s instead of 45 s).
+            // A long write may have held this loop while the peer's frames arrived: what
+            // is already buffered is read before the silence is called.
             () = sleep_until(last_rx + heartbeat.saturating_mul(3)) => {
-                tracing::warn!(silent_s = last_rx.elapsed().as_secs(), "nothing from the control plane for 3 heartbeat intervals: reconnecting");
-                return Err(End::Dead);
+                match conn.ws.next().now_or_never() {
+                    Some(msg) => conn.on_message(msg, &mut last_rx).await?,
+                    None => {
+                        tracing::warn!(silent_s = last_rx.elapsed().as_secs(), "nothing from the control plane for 3 heartbeat intervals: reconnecting");
+                        return Err(End::Dead);
+                    }
+                }
             }
             _ = heartbeat_tick.tick() => {
-                if silent_too_long(last_rx, Instant::now(), heartbeat) {
-                    tracing::warn!(silent_s = last_rx.elapsed().as_secs(), "nothing from the control plane for 3 heartbeat intervals: reconnecting");
-                    return Err(End::Dead);
-                }
                 conn.send(&Frame::Heartbeat(Heartbeat { sent_at: now_rfc3339() })).await?;
                 // The peer's WebSocket layer answers a ping at once: the round trip.
                 conn.ping_sent = Some(Instant::now());
@@ -562,6 +577,7 @@ mod tests {
     ) {
         assert_eq!(ctx.config.welcome_timeout, Duration::from_secs(10));
         let (ours, theirs) = tokio::io::duplex(buffer);
+        let ours = crate::connect::progress::Progress::new(ours);
         let ws = WebSocketStream::from_raw_socket(ours, Role::Client, None).await;
         let cp = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
         let (stop, mut stopping) = watch::channel(false);
@@ -662,23 +678,6 @@ mod tests {
         assert!(first_time(&flag));
         assert!(!first_time(&flag));
         assert!(!first_time(&flag));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn dead_after_three_silent_heartbeat_intervals() {
-        let heartbeat = Duration::from_secs(15);
-        let last_rx = Instant::now();
-        let mut tick = tokio::time::interval_at(last_rx + heartbeat, heartbeat);
-        // Ticks at 15 s and 30 s: still alive; at 45 s: dead.
-        for alive in [true, true, false] {
-            tick.tick().await;
-            assert_eq!(silent_too_long(last_rx, Instant::now(), heartbeat), !alive);
-        }
-        assert_eq!(Instant::now() - last_rx, Duration::from_secs(45));
-        // Anything received resets the clock.
-        assert!(!silent_too_long(Instant::now(), Instant::now(), heartbeat));
-        // A huge interval from the peer cannot overflow.
-        assert!(!silent_too_long(last_rx, Instant::now(), Duration::MAX));
     }
 
     #[tokio::test(start_paused = true)]
@@ -929,5 +928,130 @@ mod tests {
             assert_eq!(snapshot.seq, seq);
         }
         stopped(cp, stop, task).await;
+    }
+
+    /// The control plane's end of a pipe, reading at most `chunk` bytes a second.
+    struct SlowReader {
+        inner: tokio::io::DuplexStream,
+        pause: std::pin::Pin<Box<tokio::time::Sleep>>,
+    }
+
+    impl tokio::io::AsyncRead for SlowReader {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            use std::future::Future;
+            std::task::ready!(self.pause.as_mut().poll(cx));
+            let read = std::task::ready!(std::pin::Pin::new(&mut self.inner).poll_read(cx, buf));
+            let next = Instant::now() + Duration::from_secs(1);
+            self.pause.as_mut().reset(next);
+            std::task::Poll::Ready(read)
+        }
+    }
+
+    impl tokio::io::AsyncWrite for SlowReader {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+        }
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    /// A snapshot that takes minutes to go through a slow link is not a dead peer: the
+    /// write bound (3 heartbeat intervals, 6 s here) counts time without progress, not
+    /// the whole message; and heartbeats the peer sent meanwhile count once read.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_link_is_not_a_dead_peer_while_bytes_flow() {
+        let ctx = crate::connect::test_context();
+        for i in 0..300 {
+            let agent: crate::crd::Agent = serde_json::from_value(serde_json::json!({
+                "apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
+                "metadata": {"name": format!("agent-{i:04}"), "namespace": "team", "uid": format!("u-{i}")},
+                "spec": {"runtime": {"image": "registry.example/agent:1.2.3"}},
+            }))
+            .unwrap();
+            ctx.store.agents.insert(agent);
+        }
+        let (ours, theirs) = tokio::io::duplex(1024);
+        let ours = crate::connect::progress::Progress::new(ours);
+        let ws = WebSocketStream::from_raw_socket(ours, Role::Client, None).await;
+        let slow = SlowReader {
+            inner: theirs,
+            pause: Box::pin(tokio::time::sleep(Duration::ZERO)),
+        };
+        let cp = WebSocketStream::from_raw_socket(slow, Role::Server, None).await;
+        let (stop, mut stopping) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            run_with(
+                &ctx,
+                ws,
+                Frame::Resync,
+                &mut stopping,
+                |_| {},
+                answer_control,
+            )
+            .await
+        });
+        let (mut tx, mut rx) = cp.split();
+        // The peer keeps its own heartbeats going all along (§4.5: both sides send them).
+        let beats = tokio::spawn(async move {
+            tx.send(Message::text(WELCOME_2S)).await.unwrap();
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let beat = Message::text(r#"{"type":"heartbeat","sent_at":"t"}"#);
+                if tx.send(beat).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let start = Instant::now();
+        let mut snapshot = None;
+        while snapshot.is_none() {
+            match rx.next().await {
+                Some(Ok(Message::Text(t))) => {
+                    if let Ok(Some(Frame::Snapshot(s))) = frame::decode(&t) {
+                        snapshot = Some((s, t.len()));
+                    }
+                }
+                Some(Ok(_)) => {}
+                other => panic!("the session ended during the snapshot: {other:?}"),
+            }
+        }
+        let (snapshot, bytes) = snapshot.unwrap();
+        let took = Instant::now() - start;
+        assert_eq!(snapshot.resources.len(), 300);
+        assert!(
+            took > Duration::from_secs(60),
+            "{took:?} for {bytes} bytes: not slow"
+        );
+        // Still alive afterwards: its next heartbeat arrives.
+        loop {
+            match rx.next().await {
+                Some(Ok(Message::Text(t))) if t.contains("\"heartbeat\"") => break,
+                Some(Ok(_)) => {}
+                other => panic!("the session ended after the snapshot: {other:?}"),
+            }
+        }
+        assert!(!task.is_finished());
+        stop.send(true).unwrap();
+        beats.abort();
+        drop(rx);
+        let _ = task.await;
     }
 }

@@ -11,12 +11,14 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
+use super::progress::Progress;
+
 use crate::config::{Config, Token};
 #[cfg(test)]
 use crate::connect::frame::{IO_HEADER_LEN, MAX_FRAME_BYTES, MAX_IO_PAYLOAD};
 use crate::connect::frame::{MAX_MESSAGE_BYTES, SUBPROTOCOL};
 
-pub type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+pub type Socket = WebSocketStream<MaybeTlsStream<Progress<TcpStream>>>;
 
 /// A peer that accepts and never answers must not hold the connector: each step of a
 /// dial (TCP and proxy, then TLS and upgrade) gets this long.
@@ -174,9 +176,10 @@ pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
             target: config.base_url.authority(),
             reason: "timed out".into(),
         })??;
+    // Below TLS: the clock counts bytes the network took.
     let handshake = tokio_tungstenite::client_async_tls_with_config(
         request,
-        stream,
+        Progress::new(stream),
         Some(ws_config()),
         Some(connector),
     );
