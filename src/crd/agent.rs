@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 /// Secret `<agent>-agent` with its configuration.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
+    doc = "An Agent runs one AI agent: a pod with the runtime container (from a Runtime template and overrides) and the agentlet sidecar that connects it to the platform, plus a Secret with its configuration (Tools, Memory). status.phase says where it is (Pending, Active, Paused, Error, Succeeded, Failed, Terminating) and status.message why.",
     group = "autonomic.sh",
     version = "v1alpha1",
     kind = "Agent",

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 /// keys `backend` and `url`.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
+    doc = "A Memory is a store agents can use (a backend and its URL, inline or from a Secret). It becomes a Secret with the keys backend and url that the Agents listing it get in their configuration.",
     group = "autonomic.sh",
     version = "v1alpha1",
     kind = "Memory",

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 /// change rolls the agents that use it.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
+    doc = "A Runtime is a template for Agents' runtime container (image, command, env, resources, security context). It creates nothing by itself; changing it recreates the pods of the Agents that use it. status.agents counts them.",
     group = "autonomic.sh",
     version = "v1alpha1",
     kind = "Runtime",

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 /// removed `idleSeconds` after the last one stops; the Service stays throughout.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
+    doc = "A Tool is a service agents call: a Service that always exists and a pod that runs while an Agent of the namespace that lists the Tool wants to run (or always, with alwaysOn), removed idleSeconds after the last one stops. status.endpoint is the URL agents get.",
     group = "autonomic.sh",
     version = "v1alpha1",
     kind = "Tool",
