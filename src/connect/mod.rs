@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, watch};
 use tokio_tungstenite::WebSocketStream;
+use tracing::Instrument;
 
 use crate::audit::AuditLog;
 use crate::cluster::Kube;
@@ -256,6 +257,8 @@ async fn run_with<D, Fut, S>(
     let url = config.base_url.endpoint(true, "connect");
     // The token of the last dial: a different one on disk ends the wait for the next.
     let mut last_token = None;
+    // Dials so far: each session's span names its connection.
+    let mut dials: u64 = 0;
     loop {
         if *shutdown.borrow() {
             return;
@@ -270,6 +273,7 @@ async fn run_with<D, Fut, S>(
             }
             Ok(token) => {
                 last_token = Some(token.clone());
+                dials += 1;
                 let dialled = tokio::select! {
                     d = dial(config.clone(), token.clone()) => d,
                     _ = shutdown.changed() => return,
@@ -297,6 +301,7 @@ async fn run_with<D, Fut, S>(
                                 link.last_welcome.store(now, Relaxed);
                             }
                         })
+                        .instrument(tracing::info_span!("session", connection = dials))
                         .await;
                         link.connected.store(false, Relaxed);
                         let (why, state) = match end {

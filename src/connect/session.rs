@@ -15,6 +15,7 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tracing::Instrument;
 
 use super::Context;
 use super::frame::{self, Frame};
@@ -248,7 +249,9 @@ impl<S: Transport> Conn<'_, S> {
                     });
                     return self.send(&busy).await;
                 }
-                self.controls.spawn((self.answer)(self.ctx.clone(), c));
+                let span = tracing::info_span!("control", id = %c.id);
+                self.controls
+                    .spawn((self.answer)(self.ctx.clone(), c).instrument(span));
                 Ok(())
             }
             Frame::IoOpen(o) => {

@@ -12,6 +12,7 @@ use kube::api::{Api, AttachParams, TerminalSize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until, timeout};
+use tracing::Instrument;
 
 use super::exit::{Exit, exit_code, failed};
 use super::{Event, Stream};
@@ -107,13 +108,17 @@ impl Exec {
         let mut reason: Option<String> = None;
         let spawn_kill = |pid: u32| {
             let (ns, pod, container) = (&self.namespace, &self.pod, &self.container);
-            tokio::spawn(kill(
-                self.client.clone(),
-                ns.clone(),
-                pod.clone(),
-                container.clone(),
-                pid,
-            ));
+            // In the session's span: the kill's log lines name its channel.
+            tokio::spawn(
+                kill(
+                    self.client.clone(),
+                    ns.clone(),
+                    pod.clone(),
+                    container.clone(),
+                    pid,
+                )
+                .in_current_span(),
+            );
         };
         // Stdin is fed from its own future so that a process not reading its input
         // cannot stop its output from being read (the exec's pipes would deadlock).

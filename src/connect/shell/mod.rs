@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until};
+use tracing::Instrument;
 
 use super::Context;
 use super::frame::{
@@ -138,7 +139,8 @@ impl Shells {
             close: close_rx,
             events: self.events_tx.clone(),
         };
-        let task = tokio::spawn(exec.run());
+        let span = tracing::info_span!("shell", channel = o.channel, session_id = %o.session_id);
+        let task = tokio::spawn(exec.run().instrument(span));
         ctx.link.sessions_open.fetch_add(1, Relaxed);
         self.open.insert(
             o.channel,
