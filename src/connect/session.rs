@@ -492,6 +492,11 @@ async fn drive<S: Transport>(
                 }
             }
             _ = heartbeat_tick.tick() => {
+                // Due with the silence bound: the bound's branch decides first, and a
+                // peer found dead gets no ping.
+                if Instant::now() >= last_rx + heartbeat.saturating_mul(3) {
+                    continue;
+                }
                 conn.send(&Frame::Heartbeat(Heartbeat { sent_at: now_rfc3339() })).await?;
                 // The peer's WebSocket layer answers a ping at once: the round trip.
                 conn.ping_sent = Some(Instant::now());
