@@ -15,6 +15,7 @@ use crate::config::{Config, Token};
 #[cfg(test)]
 use crate::connect::frame::{IO_HEADER_LEN, MAX_FRAME_BYTES, MAX_IO_PAYLOAD};
 use crate::connect::frame::{MAX_MESSAGE_BYTES, SUBPROTOCOL};
+use crate::metrics::DialFailure;
 
 pub type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -33,6 +34,11 @@ pub enum DialError {
     Http(u16),
     #[error("cannot connect to {target}: {reason}")]
     Connect { target: String, reason: String },
+    #[error("cannot resolve {target}: {reason}")]
+    Dns { target: String, reason: String },
+    /// A step of the dial got no answer within [`DIAL_TIMEOUT`]; the text says which.
+    #[error("{0}")]
+    Timeout(String),
     /// `proxy` is the URL with its password redacted.
     #[error("proxy {proxy}: {reason}")]
     Proxy { proxy: String, reason: String },
@@ -48,6 +54,20 @@ impl DialError {
             DialError::Rejected { status, .. } | DialError::Http(status) => Some(*status),
             DialError::NotFound { .. } => Some(404),
             _ => None,
+        }
+    }
+
+    /// The reason `autonomic_dial_failures_total` counts this under.
+    pub fn failure(&self) -> DialFailure {
+        match self {
+            DialError::Rejected { .. } => DialFailure::Token,
+            DialError::NotFound { .. } | DialError::Http(_) => DialFailure::HttpStatus,
+            DialError::Connect { .. } => DialFailure::Connect,
+            DialError::Dns { .. } => DialFailure::Dns,
+            DialError::Timeout(_) => DialFailure::Timeout,
+            DialError::Proxy { .. } => DialFailure::Proxy,
+            DialError::Tls(_) => DialFailure::Tls,
+            DialError::Handshake(_) => DialFailure::Handshake,
         }
     }
 }
@@ -69,7 +89,16 @@ pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
             .bypasses(&config.base_url.host, config.base_url.port)
     });
     let Some(proxy) = proxy else {
-        return TcpStream::connect(&target)
+        // Resolved apart from the connect, so that a name that does not resolve is told
+        // (and counted) as such.
+        let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(&target)
+            .await
+            .map_err(|e| DialError::Dns {
+                target: target.clone(),
+                reason: e.to_string(),
+            })?
+            .collect();
+        return TcpStream::connect(&addrs[..])
             .await
             .map_err(|e| DialError::Connect {
                 target,
@@ -170,9 +199,11 @@ pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
     };
     let stream = tokio::time::timeout(DIAL_TIMEOUT, tcp(config))
         .await
-        .map_err(|_| DialError::Connect {
-            target: config.base_url.authority(),
-            reason: "timed out".into(),
+        .map_err(|_| {
+            DialError::Timeout(format!(
+                "cannot connect to {}: timed out",
+                config.base_url.authority()
+            ))
         })??;
     let handshake = tokio_tungstenite::client_async_tls_with_config(
         request,
@@ -181,8 +212,8 @@ pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
         Some(connector),
     );
     let Ok(result) = tokio::time::timeout(DIAL_TIMEOUT, handshake).await else {
-        return Err(DialError::Handshake(
-            "no answer to the upgrade request within 30 s".into(),
+        return Err(DialError::Timeout(
+            "WebSocket handshake failed: no answer to the upgrade request within 30 s".into(),
         ));
     };
     match result {
