@@ -184,6 +184,11 @@ fn metrics(ctx: &Probe) -> String {
             f64::from(u8::from(link.connected.load(Relaxed))),
         ),
         (
+            "autonomic_managed",
+            "1 in managed mode: the manager holds a control-plane connection while leading.",
+            f64::from(u8::from(ctx.managed)),
+        ),
+        (
             "autonomic_leader",
             "1 while this replica holds the leader Lease and reconciles.",
             f64::from(u8::from(ctx.metrics.leader.load(Relaxed))),

@@ -17,6 +17,7 @@ pub const SERIES: &[&str] = &[
     "autonomic_reconcile_errors_total",
     "autonomic_reconcile_duration_seconds",
     "autonomic_connected",
+    "autonomic_managed",
     "autonomic_leader",
     "autonomic_shell_sessions_open",
     "autonomic_heartbeat_rtt_seconds",
