@@ -140,6 +140,30 @@ mod tests {
         assert!(Change::ConnectionLost.event(&long).note.unwrap().len() <= 1000);
     }
 
+    /// The Events go on the manager's pod, named with its uid (what `kubectl describe
+    /// pod` selects by); without the uid (a manager run outside a pod) on nothing.
+    #[tokio::test]
+    async fn events_go_on_the_managers_own_pod_when_its_uid_is_known() {
+        let ctx = crate::connect::test_context();
+        assert_eq!(own_pod(&ctx), None);
+        let config = crate::config::Config::parse(|k| match k {
+            "POD_NAME" => Some("autonomic-manager-7d9f-abcde".into()),
+            "POD_NAMESPACE" => Some("autonomic-system".into()),
+            "POD_UID" => Some("5f0c-uid".into()),
+            _ => None,
+        })
+        .unwrap();
+        let ctx = crate::connect::test_context_with(config);
+        let pod = own_pod(&ctx).expect("a reference");
+        assert_eq!(
+            (pod.api_version.as_deref(), pod.kind.as_deref()),
+            (Some("v1"), Some("Pod"))
+        );
+        assert_eq!(pod.name.as_deref(), Some("autonomic-manager-7d9f-abcde"));
+        assert_eq!(pod.namespace.as_deref(), Some("autonomic-system"));
+        assert_eq!(pod.uid.as_deref(), Some("5f0c-uid"));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn one_event_per_reason_a_minute_and_only_on_a_change() {
         let limit = Limit::default();

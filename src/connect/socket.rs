@@ -361,6 +361,65 @@ mod tests {
         }
     }
 
+    /// Each failure is counted under its own reason; the texts are unchanged.
+    #[test]
+    fn every_dial_error_has_its_reason() {
+        let s = String::new;
+        for (e, reason) in [
+            (
+                DialError::Rejected {
+                    status: 401,
+                    prefix: s(),
+                },
+                "token",
+            ),
+            (DialError::NotFound { url: s() }, "http_status"),
+            (DialError::Http(502), "http_status"),
+            (
+                DialError::Connect {
+                    target: s(),
+                    reason: s(),
+                },
+                "connect",
+            ),
+            (
+                DialError::Dns {
+                    target: s(),
+                    reason: s(),
+                },
+                "dns",
+            ),
+            (DialError::Timeout(s()), "timeout"),
+            (
+                DialError::Proxy {
+                    proxy: s(),
+                    reason: s(),
+                },
+                "proxy",
+            ),
+            (DialError::Tls(s()), "tls"),
+            (DialError::Handshake(s()), "handshake"),
+        ] {
+            assert_eq!(e.failure().as_str(), reason, "{e:?}");
+        }
+    }
+
+    /// A control plane whose name does not resolve fails as DNS, not as a connect.
+    #[tokio::test]
+    async fn a_name_that_does_not_resolve_is_a_dns_failure() {
+        let config = Config::parse(|k| {
+            (k == "AUTONOMIC_BASE_URL").then(|| "https://no-such-host.invalid".into())
+        })
+        .unwrap();
+        let err = tcp(&config).await.expect_err("no such host");
+        assert!(matches!(err, DialError::Dns { .. }), "{err:?}");
+        assert!(
+            err.to_string()
+                .starts_with("cannot resolve no-such-host.invalid:443: "),
+            "{err}"
+        );
+    }
+
     /// `NO_PROXY` is matched against the control plane's host and port.
     #[tokio::test]
     async fn no_proxy_dials_directly() {
