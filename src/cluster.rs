@@ -9,7 +9,7 @@
 use std::fmt::Debug;
 
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
@@ -316,8 +316,14 @@ impl Kube {
     }
 
     async fn publish<K: Resource<DynamicType = ()>>(&self, obj: &K, event: KubeEvent) {
-        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
-            tracing::debug!(error = %e, "unable to record event");
+        self.record(&event, &obj.object_ref(&())).await;
+    }
+
+    /// Records an Event on the object `reference` names (the manager's own pod, for
+    /// the control-plane link); a failure is only logged.
+    pub async fn record(&self, event: &KubeEvent, reference: &ObjectReference) {
+        if let Err(e) = self.recorder.publish(event, reference).await {
+            tracing::debug!(error = %e, reason = %event.reason, "unable to record event");
         }
     }
 }

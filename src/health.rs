@@ -184,6 +184,11 @@ fn metrics(ctx: &Probe) -> String {
             f64::from(u8::from(link.connected.load(Relaxed))),
         ),
         (
+            "autonomic_managed",
+            "1 in managed mode: the manager holds a control-plane connection while leading.",
+            f64::from(u8::from(ctx.managed)),
+        ),
+        (
             "autonomic_leader",
             "1 while this replica holds the leader Lease and reconciles.",
             f64::from(u8::from(ctx.metrics.leader.load(Relaxed))),
@@ -258,7 +263,7 @@ fn metrics(ctx: &Probe) -> String {
             "Tools in the cache.",
             ctx.store.tools.count() as f64,
         ),
-    ])
+    ], &link.metrics)
 }
 
 #[cfg(test)]
@@ -340,6 +345,43 @@ mod tests {
         // Three failures, each followed by a pause: no spinning.
         assert!(start.elapsed() >= 3 * ACCEPT_RETRY, "{:?}", start.elapsed());
         server.abort();
+    }
+
+    /// The rendered text has exactly the families of `metrics::SERIES`, each once, with
+    /// its HELP and TYPE: the one list the chart's dashboard and alerts are checked
+    /// against cannot drift from what is exported.
+    #[test]
+    fn metrics_has_exactly_the_listed_families() {
+        use crate::metrics::{HISTOGRAMS, PROCESS_SERIES, SERIES};
+        let text = metrics(&Probe::default());
+        let mut typed = Vec::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                assert_eq!(kind == "histogram", HISTOGRAMS.contains(&name), "{line}");
+                typed.push(name.to_owned());
+            } else if !line.starts_with("# HELP ") {
+                // Every sample belongs to the family typed last.
+                let family = typed.last().expect("a TYPE first");
+                let name = line.split(['{', ' ']).next().unwrap();
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .filter(|_| HISTOGRAMS.contains(&family.as_str()))
+                    .unwrap_or(name);
+                assert_eq!(base, family, "{line}");
+            }
+        }
+        let mut expected: Vec<&str> = SERIES
+            .iter()
+            .copied()
+            .filter(|s| cfg!(target_os = "linux") || !PROCESS_SERIES.contains(s))
+            .collect();
+        let mut seen: Vec<&str> = typed.iter().map(String::as_str).collect();
+        expected.sort_unstable();
+        seen.sort_unstable();
+        assert_eq!(seen, expected);
+        assert!(text.contains("autonomic_build_info{version=\""), "{text}");
     }
 
     /// Failed accepts are logged once per burst, and a success ends the burst.

@@ -20,6 +20,7 @@ mod text;
 pub mod internals {
     pub use crate::connect::frame::{Frame, Snapshot, Stream, decode_io, encode, encode_io};
     pub use crate::connect::wire::snapshot_text_of;
+    pub use crate::metrics::{HISTOGRAMS, PROCESS_SERIES, SERIES};
     pub use crate::reconcile::agent::{AgentletDefaults, desired_pod as agent_pod};
     pub use crate::reconcile::tool::{IDLE, desired_pod as tool_pod};
     pub use crate::store::{PodView, trim};

@@ -146,7 +146,31 @@ fn watched_namespaces_get_roles_and_no_cluster_wide_workload_access() {
         .iter()
         .map(|r| r["metadata"]["namespace"].as_str().unwrap())
         .collect();
-    assert_eq!(namespaces, ["team-a", "team-b", "autonomic-system"]);
+    assert_eq!(
+        namespaces,
+        ["team-a", "team-b", "autonomic-system", "autonomic-system"]
+    );
+    // The release namespace is not watched: a Role there lets the manager record the
+    // link's Events on its own pod.
+    let events = roles
+        .iter()
+        .find(|r| r["metadata"]["name"] == "autonomic-manager-events")
+        .expect("an events Role");
+    assert_eq!(events["metadata"]["namespace"], "autonomic-system");
+    assert_eq!(
+        events["rules"],
+        serde_json::json!([{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}])
+    );
+    // Watched, it is covered by that namespace's Role.
+    let docs_watched = documents(&render_chart(
+        "autonomic-system",
+        &sets(&["manager.watchNamespaces={team-a,autonomic-system}"]),
+    ));
+    assert!(
+        kinds(&docs_watched, "Role")
+            .iter()
+            .all(|r| r["metadata"]["name"] != "autonomic-manager-events")
+    );
     // The one ClusterRole left reads one namespace by name, for the cluster id.
     let cluster_roles = kinds(&docs, "ClusterRole");
     assert_eq!(cluster_roles.len(), 1);
@@ -228,4 +252,126 @@ fn proxy_ca_and_scheduling_values_reach_the_pod() {
     assert_eq!(pod["nodeSelector"]["kubernetes.io/arch"], "arm64");
     assert_eq!(kinds(&docs, "NetworkPolicy").len(), 1);
     assert_eq!(kinds(&docs, "PodMonitor").len(), 1);
+}
+
+/// The metric names a PromQL expression uses: the manager's families are all named
+/// `autonomic_*` or `process_*`, so every identifier with those prefixes is one (label
+/// values such as "autonomic-system" are not identifiers of that form).
+fn metric_names(expr: &str) -> Vec<String> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|w| w.starts_with("autonomic_") || w.starts_with("process_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A name an expression may use: a family's sample name, i.e. a counter or gauge as
+/// listed, or a histogram's `_bucket`, `_sum` or `_count`.
+fn exported(name: &str) -> bool {
+    use autonomic_manager::internals::{HISTOGRAMS, SERIES};
+    if SERIES.contains(&name) {
+        return !HISTOGRAMS.contains(&name);
+    }
+    ["_bucket", "_sum", "_count"]
+        .iter()
+        .filter_map(|s| name.strip_suffix(s))
+        .any(|base| HISTOGRAMS.contains(&base))
+}
+
+#[test]
+fn the_dashboard_and_the_alerts_use_only_series_the_manager_exports() {
+    let docs = documents(&render_chart(
+        "autonomic-system",
+        &sets(&[
+            "manager.grafanaDashboard.enabled=true",
+            "manager.prometheusRule.enabled=true",
+        ]),
+    ));
+    let mut exprs: Vec<(String, String)> = Vec::new();
+
+    let maps = kinds(&docs, "ConfigMap");
+    let dashboard_map = maps
+        .iter()
+        .find(|c| c["metadata"]["labels"]["grafana_dashboard"] == "1")
+        .expect("the dashboard ConfigMap, labelled for Grafana's sidecar");
+    let dashboard: Value = serde_json::from_str(
+        dashboard_map["data"]["autonomic-manager.json"]
+            .as_str()
+            .unwrap(),
+    )
+    .expect("the dashboard is JSON");
+    let panels = dashboard["panels"].as_array().unwrap();
+    for title in [
+        "Connection state",
+        "Dial failures and disconnects by reason",
+        "Delta latency (change seen → frame written)",
+        "Reconcile time by kind",
+        "Reconciles and errors by kind",
+        "Audit events: queued and dropped",
+        "Memory (resident)",
+    ] {
+        assert!(
+            panels.iter().any(|p| p["title"] == title),
+            "no panel {title:?}"
+        );
+    }
+    for panel in panels {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            exprs.push((format!("panel {}", panel["title"]), expr.to_owned()));
+        }
+    }
+    for var in dashboard["templating"]["list"].as_array().unwrap() {
+        if let Some(q) = var["definition"].as_str() {
+            exprs.push((format!("variable {}", var["name"]), q.to_owned()));
+        }
+    }
+
+    let rules = kinds(&docs, "PrometheusRule");
+    assert_eq!(rules.len(), 1);
+    let mut alerts = Vec::new();
+    for group in rules[0]["spec"]["groups"].as_array().unwrap() {
+        for rule in group["rules"].as_array().unwrap() {
+            let alert = rule["alert"].as_str().unwrap();
+            alerts.push(alert);
+            exprs.push((
+                format!("alert {alert}"),
+                rule["expr"].as_str().unwrap().to_owned(),
+            ));
+        }
+    }
+    assert_eq!(
+        alerts,
+        [
+            "AutonomicLinkDown",
+            "AutonomicTokenRejected",
+            "AutonomicReconcileErrors",
+            "AutonomicAuditDropped"
+        ]
+    );
+    let link_down = &rules[0]["spec"]["groups"][0]["rules"][0];
+    assert_eq!(link_down["for"], "10m");
+
+    assert!(exprs.len() > 20, "{exprs:?}");
+    for (whose, expr) in &exprs {
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "{whose} names no series: {expr}");
+        for name in names {
+            assert!(
+                exported(&name),
+                "{whose} uses {name}, which the manager does not export: {expr}"
+            );
+        }
+    }
+    // The check itself catches a name that is not exported.
+    assert!(!exported("autonomic_reconcile_duration_seconds"));
+    assert!(exported("autonomic_reconcile_duration_seconds_bucket"));
+    assert!(!exported("autonomic_connected_bucket"));
+    assert!(!exported("autonomic_links_total"));
+}
+
+#[test]
+fn the_dashboard_and_the_alerts_are_off_by_default() {
+    let docs = documents(&render_chart("autonomic-system", &[]));
+    assert!(kinds(&docs, "PrometheusRule").is_empty());
+    assert!(kinds(&docs, "ConfigMap").is_empty());
 }

@@ -173,6 +173,28 @@ async fn helm_install_then_the_platforms_command_manages_it_end_to_end() {
     let first_pod = hello["host"]["pod"].as_str().unwrap().to_owned();
     assert!(first_pod.starts_with("autonomic-manager-"), "{hello}");
 
+    // The link's story on the leader's pod: `kubectl describe pod` shows the Event
+    // (found by the pod's uid, which the chart passes as POD_UID), recorded through the
+    // events Role the chart adds in the release namespace (only the test's namespace is
+    // watched).
+    let described = |pod: String, reason: &'static str| {
+        let ns = home.name.clone();
+        move || {
+            let (pod, ns) = (pod.clone(), ns.clone());
+            async move {
+                let (ok, out) = kubectl(&["-n", &ns, "describe", "pod", &pod], None);
+                ok && out
+                    .split_once("\nEvents:")
+                    .is_some_and(|(_, events)| events.contains(reason))
+            }
+        }
+    };
+    wait_until(
+        "a Connected Event in kubectl describe of the leader's pod",
+        described(first_pod.clone(), "Connected"),
+    )
+    .await;
+
     // 3. The platform's troubleshooting command, run literally: whichever replica it
     //    picks shows the connection (the standby repeats what the leader publishes).
     let log_command = ["logs", "deploy/autonomic-manager", "--tail=50"];
@@ -271,6 +293,12 @@ async fn helm_install_then_the_platforms_command_manages_it_end_to_end() {
         .map(|c| c.restart_count)
         .sum();
     assert_eq!(restarts, 0, "the manager restarted to pick up the token");
+    // The revocation is told on that pod too.
+    wait_until(
+        "a TokenRejected Event in kubectl describe of the leader's pod",
+        described(second_pod.clone(), "TokenRejected"),
+    )
+    .await;
     assert_eq!(cp.max_connections(), 1);
 
     // 7. helm uninstall: the manager goes, the custom resources (and CRDs) stay.

@@ -1046,47 +1046,105 @@ async fn silent_peer_periodic_snapshots_and_revoked_token() {
 }
 
 /// `/metrics` parsed by a real Prometheus text parser: every sample line must parse,
-/// every family has HELP and a TYPE; returns the samples.
+/// every family has HELP and a TYPE; returns the samples. A histogram's `_bucket` lines
+/// become one sample (per label set) holding its buckets; its `_sum` and `_count` are
+/// untyped samples of their own.
 async fn scrape(m: &Manager) -> Vec<prometheus_parse::Sample> {
     let (code, body) = m.get("/metrics").await;
     assert_eq!(code, 200);
     let parsed =
         prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).expect("parse");
-    // The parser skips what it cannot read: every sample line must have become a sample.
-    let sample_lines = body
+    // The parser skips what it cannot read: every sample line must have become a sample
+    // (the bucket lines of one histogram series, one sample).
+    let lines: Vec<&str> = body
         .lines()
         .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-        .count();
+        .collect();
+    let plain = lines.iter().filter(|l| !l.contains("_bucket{")).count();
+    let histogram_series: std::collections::BTreeSet<String> = lines
+        .iter()
+        .filter(|l| l.contains("_bucket{"))
+        .map(|l| {
+            let head = l.rsplit_once(' ').unwrap().0;
+            // The series without its `le` label (always the last one we write).
+            head.split(",le=")
+                .next()
+                .unwrap()
+                .split("{le=")
+                .next()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
     assert_eq!(
         parsed.samples.len(),
-        sample_lines,
+        plain + histogram_series.len(),
         "unparsed lines in:\n{body}"
     );
+    let histograms: Vec<&String> = parsed
+        .samples
+        .iter()
+        .filter(|s| matches!(s.value, prometheus_parse::Value::Histogram(_)))
+        .map(|s| &s.metric)
+        .collect();
     for s in &parsed.samples {
-        assert!(s.metric.starts_with("autonomic_"), "{}", s.metric);
         assert!(
-            parsed.docs.contains_key(&s.metric),
-            "no HELP for {}",
+            s.metric.starts_with("autonomic_") || s.metric.starts_with("process_"),
+            "{}",
             s.metric
         );
         match s.value {
             prometheus_parse::Value::Counter(_) => assert!(s.metric.ends_with("_total")),
             prometheus_parse::Value::Gauge(_) => assert!(!s.metric.ends_with("_total")),
-            ref other => panic!("{} is neither counter nor gauge: {other:?}", s.metric),
+            prometheus_parse::Value::Histogram(ref buckets) => {
+                assert!(
+                    buckets.last().unwrap().less_than.is_infinite(),
+                    "{}",
+                    s.metric
+                );
+            }
+            // A histogram's _sum and _count.
+            prometheus_parse::Value::Untyped(_) => {
+                let base = s
+                    .metric
+                    .strip_suffix("_sum")
+                    .or_else(|| s.metric.strip_suffix("_count"))
+                    .unwrap_or_else(|| panic!("{} is untyped", s.metric));
+                assert!(histograms.iter().any(|h| *h == base), "{}", s.metric);
+                assert!(parsed.docs.contains_key(base), "no HELP for {base}");
+                continue;
+            }
+            ref other => panic!(
+                "{} is neither counter, gauge nor histogram: {other:?}",
+                s.metric
+            ),
         }
+        assert!(
+            parsed.docs.contains_key(&s.metric),
+            "no HELP for {}",
+            s.metric
+        );
     }
     parsed.samples
 }
 
 fn value(samples: &[prometheus_parse::Sample], name: &str, kind: Option<&str>) -> f64 {
+    labelled(samples, name, kind.map(|k| ("kind", k)))
+}
+
+/// The value of the sample `name` with this label, if given (a histogram's `_sum` and
+/// `_count` too).
+fn labelled(samples: &[prometheus_parse::Sample], name: &str, label: Option<(&str, &str)>) -> f64 {
     samples
         .iter()
-        .find(|s| s.metric == name && kind.is_none_or(|k| s.labels.get("kind") == Some(k)))
+        .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
         .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
             _ => f64::NAN,
         })
-        .unwrap_or_else(|| panic!("no {name} (kind {kind:?})"))
+        .unwrap_or_else(|| panic!("no {name} ({label:?})"))
 }
 
 #[tokio::test]
@@ -1118,6 +1176,80 @@ async fn metrics_parse_and_move_and_readiness_follows_the_link() {
     }
     assert_eq!(value(&before, "autonomic_connected", None), 1.0);
     assert_eq!(value(&before, "autonomic_leader", None), 1.0);
+    assert_eq!(value(&before, "autonomic_managed", None), 1.0);
+
+    // The build, with its version, revision and target.
+    assert_eq!(value(&before, "autonomic_build_info", None), 1.0);
+    let build = before
+        .iter()
+        .find(|s| s.metric == "autonomic_build_info")
+        .unwrap();
+    assert_eq!(
+        build.labels.get("version"),
+        Some(autonomic_manager::VERSION)
+    );
+    for label in ["revision", "target"] {
+        assert!(
+            build.labels.get(label).is_some_and(|v| !v.is_empty()),
+            "{label}: {build:?}"
+        );
+    }
+    // The process, as Prometheus' client libraries name it.
+    assert!(value(&before, "process_resident_memory_bytes", None) > 1e6);
+    assert!(value(&before, "process_cpu_seconds_total", None) >= 0.0);
+    let fds = value(&before, "process_open_fds", None);
+    assert!(
+        fds > 3.0 && fds <= value(&before, "process_max_fds", None),
+        "{fds}"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let started = value(&before, "process_start_time_seconds", None);
+    assert!(
+        started <= now + 1.0 && started > now - 600.0,
+        "{started} vs {now}"
+    );
+    // Every reason is a series from the start.
+    for reason in [
+        "dead", "dropped", "closed", "evicted", "rejected", "shutdown",
+    ] {
+        labelled(
+            &before,
+            "autonomic_disconnects_total",
+            Some(("reason", reason)),
+        );
+    }
+    for reason in [
+        "dns",
+        "connect",
+        "tls",
+        "proxy",
+        "http_status",
+        "timeout",
+        "token",
+    ] {
+        labelled(
+            &before,
+            "autonomic_dial_failures_total",
+            Some(("reason", reason)),
+        );
+    }
+    // The first snapshot: its size and the time it took.
+    assert!(value(&before, "autonomic_snapshot_bytes_count", None) >= 1.0);
+    assert!(value(&before, "autonomic_snapshot_bytes_sum", None) > 0.0);
+    assert!(value(&before, "autonomic_snapshot_duration_seconds_count", None) >= 1.0);
+    let disconnects = |samples: &[prometheus_parse::Sample]| -> f64 {
+        samples
+            .iter()
+            .filter(|s| s.metric == "autonomic_disconnects_total")
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v) => v,
+                _ => f64::NAN,
+            })
+            .sum()
+    };
 
     // A new object: a reconcile, a delta, bytes on the wire.
     create::<Runtime>(
@@ -1138,6 +1270,33 @@ async fn metrics_parse_and_move_and_readiness_follows_the_link() {
     .await;
     wait_until("deltas grow", grew("autonomic_deltas_sent_total", None)).await;
     wait_until("bytes grow", grew("autonomic_bytes_sent_total", None)).await;
+    // The reconcile was timed, and the change's way from watch event to delta frame.
+    wait_until(
+        "a timed reconcile",
+        grew(
+            "autonomic_reconcile_duration_seconds_count",
+            Some("Runtime"),
+        ),
+    )
+    .await;
+    wait_until(
+        "a delta latency observed",
+        grew("autonomic_delta_latency_seconds_count", None),
+    )
+    .await;
+    let after = scrape(&m).await;
+    let latency = value(&after, "autonomic_delta_latency_seconds_sum", None)
+        / value(&after, "autonomic_delta_latency_seconds_count", None);
+    assert!(
+        latency > 0.0 && latency < 5.0,
+        "mean delta latency {latency} s"
+    );
+    let reconcile = value(
+        &after,
+        "autonomic_reconcile_duration_seconds_sum",
+        Some("Runtime"),
+    );
+    assert!(reconcile > 0.0 && reconcile < 60.0, "{reconcile}");
 
     // The control plane goes silent: no heartbeat answers, and no welcome on redial.
     cp.set_mode(Mode::Silent);
@@ -1148,6 +1307,8 @@ async fn metrics_parse_and_move_and_readiness_follows_the_link() {
     .await;
     assert_eq!(value(&scrape(&m).await, "autonomic_connected", None), 0.0);
     wait_until("a redial", grew("autonomic_reconnects_total", None)).await;
+    // The session's end was counted under its reason.
+    assert!(disconnects(&scrape(&m).await) > disconnects(&before));
 
     // It comes back: ready again, connected again.
     cp.set_mode(Mode::Accept);

@@ -159,6 +159,11 @@ pub const ENV_VARS: &[EnvVar] = &[
         meaning: "the manager's pod (downward API): in hello and the Lease holder",
     },
     env(
+        "POD_UID",
+        "-",
+        "the manager's pod uid (downward API): link Events (connected, token rejected, evicted, connection lost) are recorded on the pod when set",
+    ),
+    env(
         "NODE_NAME",
         "-",
         "the manager's node (downward API): in hello",

@@ -107,6 +107,10 @@ pub struct Config {
     /// Where the manager itself runs (downward API), for `hello` and the Lease.
     pub pod_namespace: String,
     pub pod_name: String,
+    /// The manager's pod uid (downward API `metadata.uid`); empty outside a pod. Link
+    /// Events are recorded on the pod only when it is known: `kubectl describe pod`
+    /// finds Events by the pod's uid.
+    pub pod_uid: String,
     pub node_name: String,
     /// Concurrent shell sessions allowed on one connection.
     pub max_sessions: usize,
@@ -309,6 +313,7 @@ impl Config {
             log_format,
             pod_namespace,
             pod_name,
+            pod_uid: var("POD_UID").unwrap_or_default(),
             node_name: var("NODE_NAME").unwrap_or_default(),
             max_sessions: number("AUTONOMIC_MAX_SESSIONS", 16)? as usize,
         })

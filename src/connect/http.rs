@@ -135,6 +135,9 @@ struct Reporter {
     heartbeat: Duration,
     snapshot_every: Duration,
     last_snapshot: Instant,
+    /// When the changes in the pending delta were first marked, for the delta latency
+    /// once the post carrying it succeeds.
+    marked: Vec<Instant>,
 }
 
 impl Reporter {
@@ -150,10 +153,11 @@ impl Reporter {
     }
 
     fn delta(&mut self, ctx: &Context) -> Option<Frame> {
-        let changes = wire::pending_changes(ctx);
+        let (changes, marked) = wire::pending_changes(ctx);
         if changes.is_empty() {
             return None;
         }
+        self.marked = marked;
         self.seq += 1;
         ctx.link.deltas_sent.fetch_add(1, Relaxed);
         Some(Frame::Delta(Delta {
@@ -211,6 +215,7 @@ pub async fn run(
         heartbeat: Duration::from_secs(15),
         snapshot_every: Duration::from_secs(300),
         last_snapshot: Instant::now(),
+        marked: Vec::new(),
     };
     let mut last_post = Instant::now();
     loop {
@@ -313,6 +318,7 @@ pub async fn run(
         let wait = match outcome {
             Ok(answer) => {
                 last_post = Instant::now();
+                link.deltas_written(&std::mem::take(&mut r.marked));
                 r.absorb(&ctx, answer).await;
                 link.connected.store(r.welcomed, Relaxed);
                 if r.welcomed {
@@ -327,6 +333,8 @@ pub async fn run(
                 r.outbox.splice(0..0, answers);
                 link.audit.requeue(audits);
                 link.connected.store(false, Relaxed);
+                // The next post is a snapshot: the delta's changes are in it.
+                r.marked.clear();
                 r.welcomed = false;
                 Some(reconnect.delay(retry))
             }

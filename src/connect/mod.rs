@@ -5,6 +5,7 @@
 
 pub mod backoff;
 pub mod control;
+pub mod events;
 pub mod frame;
 pub mod http;
 pub mod progress;
@@ -18,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 use tokio_tungstenite::WebSocketStream;
 use tracing::Instrument;
 
@@ -25,6 +27,7 @@ use crate::audit::AuditLog;
 use crate::cluster::Kube;
 use crate::config::{Config, Token};
 use crate::crd::Key;
+use crate::metrics::{DialFailure, Disconnect, LinkMetrics};
 use crate::store::Store;
 use crate::store::watch::Changed;
 use backoff::{Reconnect, Retry};
@@ -44,7 +47,8 @@ pub struct Context {
 /// queue, and the connection's state for probes and metrics.
 #[derive(Default)]
 pub struct Link {
-    dirty: Mutex<HashMap<Key, Changed>>,
+    /// Each pending change with when it was first marked (for the delta latency).
+    dirty: Mutex<HashMap<Key, (Changed, Instant)>>,
     pub dirty_notify: Notify,
     pub audit: AuditLog,
     pub connected: AtomicBool,
@@ -59,6 +63,10 @@ pub struct Link {
     pub sessions_open: AtomicU64,
     /// The last WebSocket ping's round trip in microseconds; 0 before the first.
     pub heartbeat_rtt_us: AtomicU64,
+    /// Disconnects and dial failures by reason, delta latency, snapshot size and time.
+    pub metrics: LinkMetrics,
+    /// The Events recorded on the manager's pod, for their rate limit.
+    pub events: events::Limit,
     /// The connection's state in words ("connected to …", "token rejected …",
     /// "connection refused …"): the leader publishes it on the Lease so that a standby's
     /// log shows it too (`kubectl logs deploy/…` may pick either pod).
@@ -70,7 +78,12 @@ impl Link {
     /// newest state of an object wins, whatever the number of events.
     pub fn mark(&self, change: Changed) {
         let mut dirty = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
-        let merged = match dirty.remove(&change.key) {
+        // The latency runs from the first mark: later ones join the same delta.
+        let (old, since) = match dirty.remove(&change.key) {
+            Some((old, since)) => (Some(old), since),
+            None => (None, Instant::now()),
+        };
+        let merged = match old {
             // A pod event after its owner's removal must not hide the removal.
             Some(old) if old.removed && change.uid.is_empty() => old,
             Some(old) if change.uid.is_empty() => Changed {
@@ -79,7 +92,7 @@ impl Link {
             },
             _ => change,
         };
-        dirty.insert(merged.key.clone(), merged);
+        dirty.insert(merged.key.clone(), (merged, since));
         drop(dirty);
         self.dirty_notify.notify_one();
     }
@@ -100,8 +113,23 @@ impl Link {
 
     /// Takes the pending changes.
     pub fn take_dirty(&self) -> Vec<Changed> {
+        self.take_pending().into_iter().map(|(c, _)| c).collect()
+    }
+
+    /// Takes the pending changes, each with when it was first marked.
+    pub fn take_pending(&self) -> Vec<(Changed, Instant)> {
         let mut dirty = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
-        dirty.drain().map(|(_, c)| c).collect()
+        dirty.drain().map(|(_, pending)| pending).collect()
+    }
+
+    /// The changes first marked at `marked` were written just now, in a delta.
+    pub fn deltas_written(&self, marked: &[Instant]) {
+        let now = Instant::now();
+        for at in marked {
+            self.metrics
+                .delta_latency
+                .observe_duration(now.saturating_duration_since(*at));
+        }
     }
 }
 
@@ -269,6 +297,7 @@ async fn run_with<D, Fut, S>(
                 link.set_state(format!(
                     "not connected: cannot read the deployment token: {e}"
                 ));
+                link.metrics.dial_failed(DialFailure::Token);
                 Retry::Normal
             }
             Ok(token) => {
@@ -281,18 +310,28 @@ async fn run_with<D, Fut, S>(
                 match dialled {
                     Err(e) => {
                         tracing::warn!(%url, token_prefix = %token.prefix(), error = %e, "connection to the control plane failed");
-                        link.set_state(format!("not connected to {url}: {e}"));
+                        let state = format!("not connected to {url}: {e}");
+                        let changed = link.set_state(state.clone());
+                        let failure = e.failure();
+                        link.metrics.dial_failed(failure);
+                        if failure == DialFailure::Token {
+                            events::record(&ctx, events::Change::TokenRejected, changed, &state);
+                        }
                         e.status()
                             .map(Retry::for_upgrade_status)
                             .unwrap_or(Retry::Normal)
                     }
                     Ok(ws) => {
                         tracing::info!(%url, token_prefix = %token.prefix(), "connected to the control plane");
-                        link.set_state(format!("connected to {url} (token {}…)", token.prefix()));
+                        let state = format!("connected to {url} (token {}…)", token.prefix());
+                        let changed = link.set_state(state.clone());
                         let hello = hello(&ctx, &ids, true);
                         let end = session::run(&ctx, ws, hello, &mut shutdown, |welcomed| {
                             reconnect.reset();
                             link.connected.store(true, Relaxed);
+                            // When the session is up (what readiness says), not at the
+                            // upgrade: a token revoked at once is no connection.
+                            events::record(&ctx, events::Change::Connected, changed, &state);
                             if welcomed {
                                 let now = std::time::SystemTime::now()
                                     .duration_since(std::time::UNIX_EPOCH)
@@ -304,10 +343,11 @@ async fn run_with<D, Fut, S>(
                         .instrument(tracing::info_span!("session", connection = dials))
                         .await;
                         link.connected.store(false, Relaxed);
-                        let (why, state) = match end {
+                        let (why, disconnect, state) = match end {
                             End::Shutdown => {
                                 tracing::info!("control-plane connection closed for shutdown");
                                 link.set_state("not connected: shutting down");
+                                link.metrics.disconnected(Disconnect::Shutdown);
                                 return;
                             }
                             End::Closed(code, reason) => match Retry::for_close(code, &reason) {
@@ -315,6 +355,7 @@ async fn run_with<D, Fut, S>(
                                     tracing::warn!(code, %reason, "evicted by a newer connection for this deployment: two installs probably share one token; waiting the eviction delay before dialling again");
                                     (
                                         Retry::Evicted,
+                                        Disconnect::Evicted,
                                         format!("evicted by a newer connection ({code} {reason})"),
                                     )
                                 }
@@ -322,6 +363,7 @@ async fn run_with<D, Fut, S>(
                                     tracing::warn!(code, %reason, token_prefix = %token.prefix(), "token rejected: revoked by the control plane");
                                     (
                                         Retry::Rejected,
+                                        Disconnect::Rejected,
                                         format!(
                                             "token rejected: revoked by the control plane (token {}…)",
                                             token.prefix()
@@ -332,6 +374,7 @@ async fn run_with<D, Fut, S>(
                                     tracing::warn!(code, %reason, "the control plane closed the connection");
                                     (
                                         Retry::Normal,
+                                        Disconnect::Closed,
                                         format!(
                                             "not connected: closed by the control plane ({code} {reason})"
                                         ),
@@ -340,17 +383,26 @@ async fn run_with<D, Fut, S>(
                             },
                             End::Dead => (
                                 Retry::Normal,
+                                Disconnect::Dead,
                                 "not connected: the connection went silent".to_owned(),
                             ),
                             End::Dropped(why) => {
                                 tracing::warn!(error = %why, "connection to the control plane lost");
                                 (
                                     Retry::Normal,
+                                    Disconnect::Dropped,
                                     format!("not connected: connection lost ({why})"),
                                 )
                             }
                         };
-                        link.set_state(state);
+                        link.metrics.disconnected(disconnect);
+                        let changed = link.set_state(state.clone());
+                        let change = match disconnect {
+                            Disconnect::Evicted => events::Change::Evicted,
+                            Disconnect::Rejected => events::Change::TokenRejected,
+                            _ => events::Change::ConnectionLost,
+                        };
+                        events::record(&ctx, change, changed, &state);
                         why
                     }
                 }
@@ -611,7 +663,7 @@ mod dial_tests {
 
     #[tokio::test(start_paused = true)]
     async fn failed_dials_back_off_from_1s_doubling_to_60s_and_a_welcome_starts_over() {
-        let (mut dials, _stop, _ctx, _task) = start();
+        let (mut dials, _stop, ctx, _task) = start();
         let mut dial = next_dial(&mut dials).await;
         let mut gaps = Vec::new();
         for _ in 0..8 {
@@ -621,6 +673,7 @@ mod dial_tests {
             gaps.push(dial.at - at);
         }
         assert_eq!(gaps, [1, 2, 4, 8, 16, 32, 60, 60].map(secs));
+        assert_eq!(ctx.link.metrics.dial_failures(DialFailure::Connect), 8);
 
         // Connected and welcomed, then closed with 4002: the normal schedule, from 1 s.
         let mut cp = dial.accept().await;
@@ -629,6 +682,13 @@ mod dial_tests {
         let closed_at = Instant::now();
         let dial = next_dial(&mut dials).await;
         assert_eq!(dial.at - closed_at, secs(1));
+        assert_eq!(ctx.link.metrics.disconnects(Disconnect::Closed), 1);
+        assert!(
+            ctx.link
+                .events
+                .last(events::Change::ConnectionLost)
+                .is_some()
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -645,6 +705,12 @@ mod dial_tests {
             "{}",
             ctx.link.state()
         );
+        // Counted, and told on the pod: the Event was admitted (it is sent only where
+        // the pod is known, POD_UID; this test has no pod).
+        assert_eq!(ctx.link.metrics.disconnects(Disconnect::Evicted), 1);
+        let evicted_at = ctx.link.events.last(events::Change::Evicted);
+        assert_eq!(evicted_at, Some(closed_at));
+        assert!(ctx.link.events.last(events::Change::Connected).is_some());
 
         // The documented reason alone is an eviction too, before any welcome as well.
         let mut cp = dial.accept().await;
@@ -682,6 +748,17 @@ mod dial_tests {
             gaps.push(dial.at - ended_at);
         }
         assert_eq!(gaps, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300].map(secs));
+        // Six closes with 4001 and five 401s, counted apart.
+        assert_eq!(ctx.link.metrics.disconnects(Disconnect::Rejected), 6);
+        assert_eq!(ctx.link.metrics.dial_failures(DialFailure::Token), 5);
+        // No session came up: never a Connected Event, and TokenRejected admitted.
+        assert_eq!(ctx.link.events.last(events::Change::Connected), None);
+        assert!(
+            ctx.link
+                .events
+                .last(events::Change::TokenRejected)
+                .is_some()
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -136,14 +136,21 @@ impl<S: Transport> Conn<'_, S> {
         // Everything pending is in the snapshot.
         self.link().take_dirty();
         self.seq += 1;
+        let started = Instant::now();
         let text = wire::snapshot_text(self.ctx, self.seq);
+        let bytes = text.len();
         self.send_message(Message::text(text)).await?;
+        let metrics = &self.link().metrics;
+        metrics.snapshot_bytes.observe(bytes as f64);
+        metrics
+            .snapshot_duration
+            .observe_duration(started.elapsed());
         self.link().snapshots_sent.fetch_add(1, Relaxed);
         Ok(())
     }
 
     async fn delta(&mut self) -> Result<(), End> {
-        let changes = wire::pending_changes(self.ctx);
+        let (changes, marked) = wire::pending_changes(self.ctx);
         if changes.is_empty() {
             return Ok(());
         }
@@ -153,6 +160,7 @@ impl<S: Transport> Conn<'_, S> {
             changes,
         }))
         .await?;
+        self.link().deltas_written(&marked);
         self.link().deltas_sent.fetch_add(1, Relaxed);
         Ok(())
     }
@@ -903,6 +911,16 @@ mod tests {
         link.mark(removed("e"));
         assert_eq!(names(next_frame(&mut cp).await), ["e"]);
         assert_eq!(Instant::now(), marked_at);
+
+        // Each change's latency, from its mark to its delta's write: 100, 90 and 50 ms
+        // in the first, 80 ms, then 0.
+        let latency = &link.metrics.delta_latency;
+        assert_eq!(latency.count(), 5);
+        assert!((latency.sum() - 0.32).abs() < 1e-9, "{}", latency.sum());
+        // The snapshot's size and time were observed too.
+        assert_eq!(link.metrics.snapshot_bytes.count(), 1);
+        assert!(link.metrics.snapshot_bytes.sum() > 20.0);
+        assert_eq!(link.metrics.snapshot_duration.count(), 1);
         stopped(cp, stop, task).await;
     }
 

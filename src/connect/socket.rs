@@ -17,6 +17,7 @@ use crate::config::{Config, Token};
 #[cfg(test)]
 use crate::connect::frame::{IO_HEADER_LEN, MAX_FRAME_BYTES, MAX_IO_PAYLOAD};
 use crate::connect::frame::{MAX_MESSAGE_BYTES, SUBPROTOCOL};
+use crate::metrics::DialFailure;
 
 pub type Socket = WebSocketStream<MaybeTlsStream<Progress<TcpStream>>>;
 
@@ -35,6 +36,11 @@ pub enum DialError {
     Http(u16),
     #[error("cannot connect to {target}: {reason}")]
     Connect { target: String, reason: String },
+    #[error("cannot resolve {target}: {reason}")]
+    Dns { target: String, reason: String },
+    /// A step of the dial got no answer within [`DIAL_TIMEOUT`]; the text says which.
+    #[error("{0}")]
+    Timeout(String),
     /// `proxy` is the URL with its password redacted.
     #[error("proxy {proxy}: {reason}")]
     Proxy { proxy: String, reason: String },
@@ -50,6 +56,20 @@ impl DialError {
             DialError::Rejected { status, .. } | DialError::Http(status) => Some(*status),
             DialError::NotFound { .. } => Some(404),
             _ => None,
+        }
+    }
+
+    /// The reason `autonomic_dial_failures_total` counts this under.
+    pub fn failure(&self) -> DialFailure {
+        match self {
+            DialError::Rejected { .. } => DialFailure::Token,
+            DialError::NotFound { .. } | DialError::Http(_) => DialFailure::HttpStatus,
+            DialError::Connect { .. } => DialFailure::Connect,
+            DialError::Dns { .. } => DialFailure::Dns,
+            DialError::Timeout(_) => DialFailure::Timeout,
+            DialError::Proxy { .. } => DialFailure::Proxy,
+            DialError::Tls(_) => DialFailure::Tls,
+            DialError::Handshake(_) => DialFailure::Handshake,
         }
     }
 }
@@ -71,7 +91,16 @@ pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
             .bypasses(&config.base_url.host, config.base_url.port)
     });
     let Some(proxy) = proxy else {
-        return TcpStream::connect(&target)
+        // Resolved apart from the connect, so that a name that does not resolve is told
+        // (and counted) as such.
+        let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(&target)
+            .await
+            .map_err(|e| DialError::Dns {
+                target: target.clone(),
+                reason: e.to_string(),
+            })?
+            .collect();
+        return TcpStream::connect(&addrs[..])
             .await
             .map_err(|e| DialError::Connect {
                 target,
@@ -172,9 +201,11 @@ pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
     };
     let stream = tokio::time::timeout(DIAL_TIMEOUT, tcp(config))
         .await
-        .map_err(|_| DialError::Connect {
-            target: config.base_url.authority(),
-            reason: "timed out".into(),
+        .map_err(|_| {
+            DialError::Timeout(format!(
+                "cannot connect to {}: timed out",
+                config.base_url.authority()
+            ))
         })??;
     // Below TLS: the clock counts bytes the network took.
     let handshake = tokio_tungstenite::client_async_tls_with_config(
@@ -184,8 +215,8 @@ pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
         Some(connector),
     );
     let Ok(result) = tokio::time::timeout(DIAL_TIMEOUT, handshake).await else {
-        return Err(DialError::Handshake(
-            "no answer to the upgrade request within 30 s".into(),
+        return Err(DialError::Timeout(
+            "WebSocket handshake failed: no answer to the upgrade request within 30 s".into(),
         ));
     };
     match result {
@@ -331,6 +362,65 @@ mod tests {
             assert!(!format!("{err:?}").contains("s3cr3t"), "{proxy}: {err:?}");
             assert!(shown.contains("***@127.0.0.1:"), "{proxy}: {shown}");
         }
+    }
+
+    /// Each failure is counted under its own reason; the texts are unchanged.
+    #[test]
+    fn every_dial_error_has_its_reason() {
+        let s = String::new;
+        for (e, reason) in [
+            (
+                DialError::Rejected {
+                    status: 401,
+                    prefix: s(),
+                },
+                "token",
+            ),
+            (DialError::NotFound { url: s() }, "http_status"),
+            (DialError::Http(502), "http_status"),
+            (
+                DialError::Connect {
+                    target: s(),
+                    reason: s(),
+                },
+                "connect",
+            ),
+            (
+                DialError::Dns {
+                    target: s(),
+                    reason: s(),
+                },
+                "dns",
+            ),
+            (DialError::Timeout(s()), "timeout"),
+            (
+                DialError::Proxy {
+                    proxy: s(),
+                    reason: s(),
+                },
+                "proxy",
+            ),
+            (DialError::Tls(s()), "tls"),
+            (DialError::Handshake(s()), "handshake"),
+        ] {
+            assert_eq!(e.failure().as_str(), reason, "{e:?}");
+        }
+    }
+
+    /// A control plane whose name does not resolve fails as DNS, not as a connect.
+    #[tokio::test]
+    async fn a_name_that_does_not_resolve_is_a_dns_failure() {
+        let config = Config::parse(|k| {
+            (k == "AUTONOMIC_BASE_URL").then(|| "https://no-such-host.invalid".into())
+        })
+        .unwrap();
+        let err = tcp(&config).await.expect_err("no such host");
+        assert!(matches!(err, DialError::Dns { .. }), "{err:?}");
+        assert!(
+            err.to_string()
+                .starts_with("cannot resolve no-such-host.invalid:443: "),
+            "{err}"
+        );
     }
 
     /// `NO_PROXY` is matched against the control plane's host and port.

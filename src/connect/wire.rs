@@ -211,17 +211,23 @@ pub fn of(ctx: &Context, kind: Kind, ns: &str, name: &str) -> Option<Value> {
 }
 
 /// The changes noted since the last snapshot or delta, each as the object's newest
-/// state, or its removal when it is gone.
-pub fn pending_changes(ctx: &Context) -> Vec<crate::connect::frame::Change> {
+/// state, or its removal when it is gone; and when each was first marked, for
+/// [`super::Link::deltas_written`] once the delta is out.
+pub fn pending_changes(
+    ctx: &Context,
+) -> (
+    Vec<crate::connect::frame::Change>,
+    Vec<tokio::time::Instant>,
+) {
     use crate::connect::frame::Change;
     ctx.link
-        .take_dirty()
+        .take_pending()
         .into_iter()
-        .map(|c| {
+        .map(|(c, marked)| {
             let current = (!c.removed)
                 .then(|| of(ctx, c.key.kind, &c.key.namespace, &c.key.name))
                 .flatten();
-            match current {
+            let change = match current {
                 Some(resource) => Change::Upsert { resource },
                 None => Change::Remove {
                     kind: c.key.kind.as_str().to_owned(),
@@ -229,9 +235,10 @@ pub fn pending_changes(ctx: &Context) -> Vec<crate::connect::frame::Change> {
                     name: c.key.name,
                     uid: c.uid,
                 },
-            }
+            };
+            (change, marked)
         })
-        .collect()
+        .unzip()
 }
 
 /// Every watched custom resource, for a snapshot.

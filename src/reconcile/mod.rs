@@ -182,6 +182,7 @@ pub fn spawn_workers(ctx: &Arc<Context>, tasks: &mut tokio::task::JoinSet<()>) {
 
 async fn run_one(ctx: &Arc<Context>, key: Key) {
     let span = tracing::info_span!("reconcile", kind = %key.kind, namespace = %key.namespace, object = %key.name);
+    let started = tokio::time::Instant::now();
     let result = async {
         let (ns, name) = (&key.namespace, &key.name);
         match key.kind {
@@ -205,7 +206,8 @@ async fn run_one(ctx: &Arc<Context>, key: Key) {
     }
     .instrument(span)
     .await;
-    ctx.metrics.reconciled(key.kind, result.is_ok());
+    ctx.metrics
+        .reconciled(key.kind, result.is_ok(), started.elapsed());
     match result {
         Ok(outcome) => {
             ctx.queue.done(&key, true);

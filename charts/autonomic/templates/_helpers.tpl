@@ -85,7 +85,9 @@ No `update` anywhere. The caches see only objects labelled managed-by=autonomic,
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# Events, so `kubectl describe` tells what happened.
+# Events, so `kubectl describe` tells what happened: on the custom resources, and on
+# the manager's own pod for the control-plane link (rbac.yaml adds a Role in the
+# release namespace when only other namespaces are watched).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
