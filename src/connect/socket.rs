@@ -4,17 +4,20 @@
 
 use std::sync::Arc;
 
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::handshake::client::Request;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::config::{Config, Token};
 #[cfg(test)]
 use crate::connect::frame::{IO_HEADER_LEN, MAX_FRAME_BYTES, MAX_IO_PAYLOAD};
 use crate::connect::frame::{MAX_MESSAGE_BYTES, SUBPROTOCOL};
+use crate::egress::Proxy;
 
 pub type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -36,8 +39,18 @@ pub enum DialError {
     /// `proxy` is the URL with its password redacted.
     #[error("proxy {proxy}: {reason}")]
     Proxy { proxy: String, reason: String },
+    /// The proxy answered `CONNECT` with something other than 200.
+    #[error("proxy {proxy}: CONNECT refused: {status_line}")]
+    ProxyRefused {
+        proxy: String,
+        status: u16,
+        status_line: String,
+    },
     #[error("TLS: {0}")]
     Tls(String),
+    /// The certificate chains to no trusted root (shown like any TLS failure).
+    #[error("TLS: {0}")]
+    UnknownCa(String),
     #[error("WebSocket handshake failed: {0}")]
     Handshake(String),
 }
@@ -61,21 +74,38 @@ fn io_reason(e: &std::io::Error) -> String {
     }
 }
 
-pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
-    let target = config.base_url.authority();
-    let proxy = config.https_proxy.as_ref().filter(|_| {
+/// The proxy the control plane is reached through: `HTTPS_PROXY`, unless `NO_PROXY`
+/// exempts the control plane's host and port.
+pub(crate) fn proxy_for(config: &Config) -> Option<&Proxy> {
+    config.https_proxy.as_ref().filter(|_| {
         !config
             .no_proxy
             .bypasses(&config.base_url.host, config.base_url.port)
-    });
-    let Some(proxy) = proxy else {
-        return TcpStream::connect(&target)
-            .await
-            .map_err(|e| DialError::Connect {
-                target,
-                reason: io_reason(&e),
-            });
-    };
+    })
+}
+
+/// TCP to the control plane: directly, or tunnelled through the proxy that applies.
+pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
+    let target = config.base_url.authority();
+    match proxy_for(config) {
+        None => connect_direct(target).await,
+        Some(proxy) => connect_through(proxy, &target).await,
+    }
+}
+
+/// TCP to `target` (`host:port`), no proxy.
+pub(crate) async fn connect_direct(target: String) -> Result<TcpStream, DialError> {
+    TcpStream::connect(&target)
+        .await
+        .map_err(|e| DialError::Connect {
+            target,
+            reason: io_reason(&e),
+        })
+}
+
+/// A tunnel to `target` (`host:port`) through `proxy`: HTTP `CONNECT`, its credentials
+/// in `Proxy-Authorization`.
+pub(crate) async fn connect_through(proxy: &Proxy, target: &str) -> Result<TcpStream, DialError> {
     // Errors name the proxy without its password (its Display): they are log lines and
     // the Lease's `autonomic.sh/link` annotation.
     let proxy_err = |reason: String| DialError::Proxy {
@@ -111,9 +141,43 @@ pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
     let status_line = status_line.lines().next().unwrap_or_default();
     let status = status_line.split_whitespace().nth(1).unwrap_or_default();
     if status != "200" {
-        return Err(proxy_err(format!("CONNECT refused: {status_line}")));
+        return Err(DialError::ProxyRefused {
+            proxy: proxy.to_string(),
+            status: status.parse().unwrap_or(0),
+            status_line: status_line.to_owned(),
+        });
     }
     Ok(stream)
+}
+
+/// The TLS handshake with the control plane over `stream`, its certificate checked
+/// against `tls` (see [`tls_config`]) for the base URL's host.
+pub(crate) async fn tls(
+    config: &Config,
+    tls: Arc<rustls::ClientConfig>,
+    stream: TcpStream,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, DialError> {
+    let name = ServerName::try_from(config.base_url.host.clone())
+        .map_err(|e| DialError::Tls(e.to_string()))?;
+    tokio_rustls::TlsConnector::from(tls)
+        .connect(name, stream)
+        .await
+        .map_err(|e| {
+            let unknown_ca = e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                .is_some_and(|r| {
+                    matches!(
+                        r,
+                        rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)
+                    )
+                });
+            if unknown_ca {
+                DialError::UnknownCa(e.to_string())
+            } else {
+                DialError::Tls(e.to_string())
+            }
+        })
 }
 
 /// The platform's roots: see [`Config::root_store`] (read again at each dial, so a
@@ -143,8 +207,39 @@ pub fn ws_config() -> WebSocketConfig {
         .max_frame_size(Some(MAX_MESSAGE_BYTES))
 }
 
-/// Opens the WebSocket. `token` goes only into the `Authorization` header.
+/// Opens the WebSocket: [`tcp`] (directly or through the proxy), [`tls`] for `wss`, then
+/// [`upgrade`]. `token` goes only into the `Authorization` header.
 pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
+    let request = upgrade_request(config, token)?;
+    let tls_config = if config.base_url.tls {
+        Some(tls_config(config)?)
+    } else {
+        None
+    };
+    let stream = tokio::time::timeout(DIAL_TIMEOUT, tcp(config))
+        .await
+        .map_err(|_| DialError::Connect {
+            target: config.base_url.authority(),
+            reason: "timed out".into(),
+        })??;
+    let handshake = async {
+        let stream = match tls_config {
+            Some(roots) => MaybeTlsStream::Rustls(tls(config, roots, stream).await?),
+            None => MaybeTlsStream::Plain(stream),
+        };
+        upgrade(config, token, request, stream).await
+    };
+    let Ok(result) = tokio::time::timeout(DIAL_TIMEOUT, handshake).await else {
+        return Err(DialError::Handshake(
+            "no answer to the upgrade request within 30 s".into(),
+        ));
+    };
+    result
+}
+
+/// The upgrade request to `<base>/api/autonomic/connect`: the token, the subprotocol and
+/// the user agent.
+pub(crate) fn upgrade_request(config: &Config, token: &Token) -> Result<Request, DialError> {
     let url = config.base_url.endpoint(true, "connect");
     let mut request = url
         .as_str()
@@ -163,28 +258,19 @@ pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
         "user-agent",
         HeaderValue::from_static(concat!("autonomic-manager/", env!("CARGO_PKG_VERSION"))),
     );
-    let connector = if config.base_url.tls {
-        Connector::Rustls(tls_config(config)?)
-    } else {
-        Connector::Plain
-    };
-    let stream = tokio::time::timeout(DIAL_TIMEOUT, tcp(config))
-        .await
-        .map_err(|_| DialError::Connect {
-            target: config.base_url.authority(),
-            reason: "timed out".into(),
-        })??;
-    let handshake = tokio_tungstenite::client_async_tls_with_config(
-        request,
-        stream,
-        Some(ws_config()),
-        Some(connector),
-    );
-    let Ok(result) = tokio::time::timeout(DIAL_TIMEOUT, handshake).await else {
-        return Err(DialError::Handshake(
-            "no answer to the upgrade request within 30 s".into(),
-        ));
-    };
+    Ok(request)
+}
+
+/// The WebSocket upgrade over an open (TLS or plain) stream; 401 and 403 are a rejected
+/// token, 404 no control plane at that path.
+pub(crate) async fn upgrade(
+    config: &Config,
+    token: &Token,
+    request: Request,
+    stream: MaybeTlsStream<TcpStream>,
+) -> Result<Socket, DialError> {
+    let result =
+        tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config())).await;
     match result {
         Ok((socket, _)) => Ok(socket),
         Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
@@ -194,7 +280,9 @@ pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
                     status,
                     prefix: token.prefix(),
                 },
-                404 => DialError::NotFound { url },
+                404 => DialError::NotFound {
+                    url: config.base_url.endpoint(true, "connect"),
+                },
                 _ => DialError::Http(status),
             })
         }
@@ -323,7 +411,13 @@ mod tests {
             assert!(!format!("{config:?}").contains("s3cr3t"), "{proxy}");
             let err = tcp(&config).await.expect_err(&proxy);
             let shown = err.to_string();
-            assert!(matches!(err, DialError::Proxy { .. }), "{proxy}: {shown}");
+            assert!(
+                matches!(
+                    err,
+                    DialError::Proxy { .. } | DialError::ProxyRefused { status: 407, .. }
+                ),
+                "{proxy}: {shown}"
+            );
             assert!(!shown.contains("s3cr3t"), "{proxy}: {shown}");
             assert!(!format!("{err:?}").contains("s3cr3t"), "{proxy}: {err:?}");
             assert!(shown.contains("***@127.0.0.1:"), "{proxy}: {shown}");
