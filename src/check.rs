@@ -346,7 +346,7 @@ async fn cluster_steps(config: &Config, report: &mut Report<'_>) {
             return skip_rest(report, &["api server", "rbac", "crds"], "no identity");
         }
     };
-    report.line(Line::ok("identity", who.clone()));
+    report.line(Line::ok("identity", who));
 
     let url = kube_config.cluster_url.to_string();
     let url = url.trim_end_matches('/').to_owned();
@@ -387,7 +387,7 @@ async fn cluster_steps(config: &Config, report: &mut Report<'_>) {
             return skip_rest(report, &["rbac", "crds"], "no API server");
         }
     }
-    report.line(rbac(config, &client, &who).await);
+    report.line(rbac(config, &client).await);
     report.line(crds(&client).await);
 }
 
@@ -484,7 +484,7 @@ fn base64url_decode(s: &str) -> Option<Vec<u8>> {
 }
 
 /// Step 4: a SelfSubjectAccessReview for each permission of [`permissions`].
-async fn rbac(config: &Config, client: &kube::Client, who: &str) -> Line {
+async fn rbac(config: &Config, client: &kube::Client) -> Line {
     use futures::StreamExt;
     let wanted = permissions(config);
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
@@ -553,9 +553,7 @@ async fn rbac(config: &Config, client: &kube::Client, who: &str) -> Line {
             ),
         );
     }
-    let mut fix = format!(
-        "grant {who} the chart's RBAC (helm upgrade, or kubectl apply --server-side -f deploy.yaml; the rules: charts/autonomic/templates/_helpers.tpl)"
-    );
+    let mut fix = "grant this identity the chart's RBAC (helm upgrade, or kubectl apply --server-side -f deploy.yaml; the rules: charts/autonomic/templates/_helpers.tpl)".to_owned();
     if missing.iter().any(|p| p.resource == "namespaces") {
         fix.push_str(", or set AUTONOMIC_CLUSTER_ID");
     }
