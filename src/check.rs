@@ -296,8 +296,9 @@ impl Report<'_> {
     }
 }
 
-/// Runs every step after the configuration (parsed already: `config`), handing each line
-/// to `print` as it is known. `true` when none failed.
+/// Runs every step on `config` (parsed already: a refusal is
+/// [`Line::configuration_refused`] and exit 2), handing each line to `print` as it is
+/// known. `true` when none failed.
 pub async fn run(config: &Config, print: &mut dyn FnMut(&Line)) -> bool {
     let mut report = Report { print, failed: 0 };
     report.line(Line::ok("configuration", configuration_text(config)));
@@ -335,7 +336,16 @@ async fn cluster_steps(config: &Config, report: &mut Report<'_>) {
             report.line(Line::skip(step, why.to_owned()));
         }
     };
-    let (mut kube_config, who) = match identity().await {
+    // A kubeconfig may run an exec credential plugin: bounded too.
+    let found = tokio::time::timeout(STEP_TIMEOUT, identity())
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "loading the kubeconfig took more than {} s (an exec credential plugin?)",
+                STEP_TIMEOUT.as_secs()
+            ))
+        });
+    let (mut kube_config, who) = match found {
         Ok(found) => found,
         Err(why) => {
             report.line(Line::fail(

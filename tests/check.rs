@@ -420,3 +420,30 @@ async fn a_peer_that_is_not_a_websocket_is_named() {
         ]
     );
 }
+
+/// Neither a kubeconfig nor a pod: the identity step fails and says where to run it;
+/// the steps that need the API server are skipped.
+#[tokio::test]
+async fn no_identity_says_where_to_run_it() {
+    let dir = log_dir().join(format!("check-none-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let got = check(&dir.join("no-such-kubeconfig"), "x", &[]).await;
+    let line = got.line("identity");
+    assert!(
+        line.starts_with("FAIL identity: no kubeconfig (") && line.contains(") and not in a pod ("),
+        "{line}"
+    );
+    assert!(
+        line.ends_with(" — fix: set KUBECONFIG, or run it in the manager's pod: kubectl exec deploy/autonomic-manager -- /autonomic-manager check"),
+        "{line}"
+    );
+    assert_eq!(
+        got.lines[2..5],
+        [
+            "-    api server: skipped: no identity",
+            "-    rbac: skipped: no identity",
+            "-    crds: skipped: no identity",
+        ]
+    );
+    assert_eq!(got.code, Some(1));
+}
