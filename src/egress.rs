@@ -131,7 +131,7 @@ fn percent_decode(s: &str) -> Option<String> {
 }
 
 /// Standard base64 with padding (RFC 4648 §4), for one header: not worth a crate.
-fn base64(bytes: &[u8]) -> String {
+pub(crate) fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {

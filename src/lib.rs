@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+pub mod check;
 mod cluster;
 pub mod config;
 mod connect;

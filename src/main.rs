@@ -11,6 +11,7 @@ const TARGET: &str = env!("AUTONOMIC_BUILD_TARGET");
 fn main() -> ExitCode {
     match std::env::args().nth(1).as_deref() {
         None | Some("run") => {}
+        Some("check") => return check(),
         Some("crds") => {
             print!("{}", autonomic_manager::crd::CRDS_YAML);
             return ExitCode::SUCCESS;
@@ -60,6 +61,36 @@ fn main() -> ExitCode {
             tracing::error!(error = %e, "autonomic-manager failed");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `autonomic-manager check`: one line a step on stdout; exit 0 when all passed, 1 when
+/// one failed, 2 for a configuration the manager would refuse.
+fn check() -> ExitCode {
+    use autonomic_manager::check::{self, Line};
+    let config = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            println!("{}", Line::configuration_refused(&e));
+            return ExitCode::from(2);
+        }
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("autonomic-manager: unable to start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let passed = runtime.block_on(check::run(&config, &mut |line: &Line| println!("{line}")));
+    if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }
 

@@ -12,7 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["cluster"],
     &["reconcile"],
     &["connect"],
-    &["health", "leader"],
+    &["health", "leader", "check"],
 ];
 
 fn layer(module: &str) -> usize {

@@ -187,6 +187,10 @@ pub const KUBE_ENV_VARS: &[EnvVar] = &[
 /// The commands of the binary: (name, what it does).
 pub const COMMANDS: &[(&str, &str)] = &[
     ("run", "run the manager (the default)"),
+    (
+        "check",
+        "check the path to the cluster and the control plane, one line a step (exit 0: all passed, 1: a step failed)",
+    ),
     ("crds", "print the CustomResourceDefinitions (YAML)"),
     ("version", "print the version, git revision and target"),
     ("help", "print this help (also -h, --help)"),

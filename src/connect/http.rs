@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -14,7 +13,7 @@ use tokio::time::Instant;
 use super::Context;
 use super::backoff::{Reconnect, Retry};
 use super::frame::{self, Frame};
-use super::socket::{DialError, tcp, tls_config};
+use super::socket::{DialError, tcp, tls, tls_config};
 use super::{control, read_token, wire};
 use crate::audit::now_rfc3339;
 use crate::config::Token;
@@ -35,13 +34,7 @@ async fn post(ctx: &Context, token: &Token, body: &str) -> Result<(u16, Vec<u8>)
     let url = &config.base_url;
     let tcp = tcp(config).await?;
     let mut stream: Box<dyn Stream> = if url.tls {
-        let name =
-            ServerName::try_from(url.host.clone()).map_err(|e| DialError::Tls(e.to_string()))?;
-        let tls = tokio_rustls::TlsConnector::from(tls_config(config)?)
-            .connect(name, tcp)
-            .await
-            .map_err(|e| DialError::Tls(e.to_string()))?;
-        Box::new(tls)
+        Box::new(tls(config, tls_config(config)?, tcp).await?)
     } else {
         Box::new(tcp)
     };

@@ -4,12 +4,14 @@
 
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::handshake::client::Request;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use super::progress::Progress;
 
@@ -17,6 +19,7 @@ use crate::config::{Config, Token};
 #[cfg(test)]
 use crate::connect::frame::{IO_HEADER_LEN, MAX_FRAME_BYTES, MAX_IO_PAYLOAD};
 use crate::connect::frame::{MAX_MESSAGE_BYTES, SUBPROTOCOL};
+use crate::egress::Proxy;
 use crate::metrics::DialFailure;
 
 pub type Socket = WebSocketStream<MaybeTlsStream<Progress<TcpStream>>>;
@@ -44,8 +47,18 @@ pub enum DialError {
     /// `proxy` is the URL with its password redacted.
     #[error("proxy {proxy}: {reason}")]
     Proxy { proxy: String, reason: String },
+    /// The proxy answered `CONNECT` with something other than 200.
+    #[error("proxy {proxy}: CONNECT refused: {status_line}")]
+    ProxyRefused {
+        proxy: String,
+        status: u16,
+        status_line: String,
+    },
     #[error("TLS: {0}")]
     Tls(String),
+    /// The certificate chains to no trusted root (shown like any TLS failure).
+    #[error("TLS: {0}")]
+    UnknownCa(String),
     #[error("WebSocket handshake failed: {0}")]
     Handshake(String),
 }
@@ -67,8 +80,8 @@ impl DialError {
             DialError::Connect { .. } => DialFailure::Connect,
             DialError::Dns { .. } => DialFailure::Dns,
             DialError::Timeout(_) => DialFailure::Timeout,
-            DialError::Proxy { .. } => DialFailure::Proxy,
-            DialError::Tls(_) => DialFailure::Tls,
+            DialError::Proxy { .. } | DialError::ProxyRefused { .. } => DialFailure::Proxy,
+            DialError::Tls(_) | DialError::UnknownCa(_) => DialFailure::Tls,
             DialError::Handshake(_) => DialFailure::Handshake,
         }
     }
@@ -83,30 +96,47 @@ fn io_reason(e: &std::io::Error) -> String {
     }
 }
 
-pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
-    let target = config.base_url.authority();
-    let proxy = config.https_proxy.as_ref().filter(|_| {
+/// The proxy the control plane is reached through: `HTTPS_PROXY`, unless `NO_PROXY`
+/// exempts the control plane's host and port.
+pub(crate) fn proxy_for(config: &Config) -> Option<&Proxy> {
+    config.https_proxy.as_ref().filter(|_| {
         !config
             .no_proxy
             .bypasses(&config.base_url.host, config.base_url.port)
-    });
-    let Some(proxy) = proxy else {
-        // Resolved apart from the connect, so that a name that does not resolve is told
-        // (and counted) as such.
-        let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(&target)
-            .await
-            .map_err(|e| DialError::Dns {
-                target: target.clone(),
-                reason: e.to_string(),
-            })?
-            .collect();
-        return TcpStream::connect(&addrs[..])
-            .await
-            .map_err(|e| DialError::Connect {
-                target,
-                reason: io_reason(&e),
-            });
-    };
+    })
+}
+
+/// TCP to the control plane: directly, or tunnelled through the proxy that applies.
+pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
+    let target = config.base_url.authority();
+    match proxy_for(config) {
+        None => connect_direct(target).await,
+        Some(proxy) => connect_through(proxy, &target).await,
+    }
+}
+
+/// TCP to `target` (`host:port`), no proxy.
+pub(crate) async fn connect_direct(target: String) -> Result<TcpStream, DialError> {
+    // Resolved apart from the connect, so that a name that does not resolve is told
+    // (and counted) as such.
+    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(&target)
+        .await
+        .map_err(|e| DialError::Dns {
+            target: target.clone(),
+            reason: e.to_string(),
+        })?
+        .collect();
+    TcpStream::connect(&addrs[..])
+        .await
+        .map_err(|e| DialError::Connect {
+            target,
+            reason: io_reason(&e),
+        })
+}
+
+/// A tunnel to `target` (`host:port`) through `proxy`: HTTP `CONNECT`, its credentials
+/// in `Proxy-Authorization`.
+pub(crate) async fn connect_through(proxy: &Proxy, target: &str) -> Result<TcpStream, DialError> {
     // Errors name the proxy without its password (its Display): they are log lines and
     // the Lease's `autonomic.sh/link` annotation.
     let proxy_err = |reason: String| DialError::Proxy {
@@ -142,9 +172,43 @@ pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
     let status_line = status_line.lines().next().unwrap_or_default();
     let status = status_line.split_whitespace().nth(1).unwrap_or_default();
     if status != "200" {
-        return Err(proxy_err(format!("CONNECT refused: {status_line}")));
+        return Err(DialError::ProxyRefused {
+            proxy: proxy.to_string(),
+            status: status.parse().unwrap_or(0),
+            status_line: status_line.to_owned(),
+        });
     }
     Ok(stream)
+}
+
+/// The TLS handshake with the control plane over `stream`, its certificate checked
+/// against `tls` (see [`tls_config`]) for the base URL's host.
+pub(crate) async fn tls<S: AsyncRead + AsyncWrite + Unpin>(
+    config: &Config,
+    tls: Arc<rustls::ClientConfig>,
+    stream: S,
+) -> Result<tokio_rustls::client::TlsStream<S>, DialError> {
+    let name = ServerName::try_from(config.base_url.host.clone())
+        .map_err(|e| DialError::Tls(e.to_string()))?;
+    tokio_rustls::TlsConnector::from(tls)
+        .connect(name, stream)
+        .await
+        .map_err(|e| {
+            let unknown_ca = e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                .is_some_and(|r| {
+                    matches!(
+                        r,
+                        rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)
+                    )
+                });
+            if unknown_ca {
+                DialError::UnknownCa(e.to_string())
+            } else {
+                DialError::Tls(e.to_string())
+            }
+        })
 }
 
 /// The platform's roots: see [`Config::root_store`] (read again at each dial, so a
@@ -174,8 +238,43 @@ pub fn ws_config() -> WebSocketConfig {
         .max_frame_size(Some(MAX_MESSAGE_BYTES))
 }
 
-/// Opens the WebSocket. `token` goes only into the `Authorization` header.
+/// Opens the WebSocket: [`tcp`] (directly or through the proxy), [`tls`] for `wss`, then
+/// [`upgrade`]. `token` goes only into the `Authorization` header.
 pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
+    let request = upgrade_request(config, token)?;
+    let tls_config = if config.base_url.tls {
+        Some(tls_config(config)?)
+    } else {
+        None
+    };
+    let stream = tokio::time::timeout(DIAL_TIMEOUT, tcp(config))
+        .await
+        .map_err(|_| {
+            DialError::Timeout(format!(
+                "cannot connect to {}: timed out",
+                config.base_url.authority()
+            ))
+        })??;
+    // Below TLS: the clock counts bytes the network took.
+    let stream = Progress::new(stream);
+    let handshake = async {
+        let stream = match tls_config {
+            Some(roots) => MaybeTlsStream::Rustls(tls(config, roots, stream).await?),
+            None => MaybeTlsStream::Plain(stream),
+        };
+        upgrade(config, token, request, stream).await
+    };
+    let Ok(result) = tokio::time::timeout(DIAL_TIMEOUT, handshake).await else {
+        return Err(DialError::Timeout(
+            "WebSocket handshake failed: no answer to the upgrade request within 30 s".into(),
+        ));
+    };
+    result
+}
+
+/// The upgrade request to `<base>/api/autonomic/connect`: the token, the subprotocol and
+/// the user agent.
+pub(crate) fn upgrade_request(config: &Config, token: &Token) -> Result<Request, DialError> {
     let url = config.base_url.endpoint(true, "connect");
     let mut request = url
         .as_str()
@@ -194,31 +293,19 @@ pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
         "user-agent",
         HeaderValue::from_static(concat!("autonomic-manager/", env!("CARGO_PKG_VERSION"))),
     );
-    let connector = if config.base_url.tls {
-        Connector::Rustls(tls_config(config)?)
-    } else {
-        Connector::Plain
-    };
-    let stream = tokio::time::timeout(DIAL_TIMEOUT, tcp(config))
-        .await
-        .map_err(|_| {
-            DialError::Timeout(format!(
-                "cannot connect to {}: timed out",
-                config.base_url.authority()
-            ))
-        })??;
-    // Below TLS: the clock counts bytes the network took.
-    let handshake = tokio_tungstenite::client_async_tls_with_config(
-        request,
-        Progress::new(stream),
-        Some(ws_config()),
-        Some(connector),
-    );
-    let Ok(result) = tokio::time::timeout(DIAL_TIMEOUT, handshake).await else {
-        return Err(DialError::Timeout(
-            "WebSocket handshake failed: no answer to the upgrade request within 30 s".into(),
-        ));
-    };
+    Ok(request)
+}
+
+/// The WebSocket upgrade over an open (TLS or plain) stream; 401 and 403 are a rejected
+/// token, 404 no control plane at that path.
+pub(crate) async fn upgrade<S: AsyncRead + AsyncWrite + Unpin>(
+    config: &Config,
+    token: &Token,
+    request: Request,
+    stream: MaybeTlsStream<S>,
+) -> Result<WebSocketStream<MaybeTlsStream<S>>, DialError> {
+    let result =
+        tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config())).await;
     match result {
         Ok((socket, _)) => Ok(socket),
         Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
@@ -228,7 +315,9 @@ pub async fn dial(config: &Config, token: &Token) -> Result<Socket, DialError> {
                     status,
                     prefix: token.prefix(),
                 },
-                404 => DialError::NotFound { url },
+                404 => DialError::NotFound {
+                    url: config.base_url.endpoint(true, "connect"),
+                },
                 _ => DialError::Http(status),
             })
         }
@@ -357,7 +446,13 @@ mod tests {
             assert!(!format!("{config:?}").contains("s3cr3t"), "{proxy}");
             let err = tcp(&config).await.expect_err(&proxy);
             let shown = err.to_string();
-            assert!(matches!(err, DialError::Proxy { .. }), "{proxy}: {shown}");
+            assert!(
+                matches!(
+                    err,
+                    DialError::Proxy { .. } | DialError::ProxyRefused { status: 407, .. }
+                ),
+                "{proxy}: {shown}"
+            );
             assert!(!shown.contains("s3cr3t"), "{proxy}: {shown}");
             assert!(!format!("{err:?}").contains("s3cr3t"), "{proxy}: {err:?}");
             assert!(shown.contains("***@127.0.0.1:"), "{proxy}: {shown}");

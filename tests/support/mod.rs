@@ -5,6 +5,7 @@
 // Waits on child processes block a thread on purpose (clippy.toml bans that in the
 // manager).
 #![allow(clippy::disallowed_methods)]
+pub mod connect_proxy;
 pub mod fake_cp;
 pub mod fake_http;
 pub mod faults;
@@ -282,8 +283,21 @@ pub fn chart_identity(home: &str, watch: &[&str]) -> PathBuf {
     if let Some(path) = made.get(&key) {
         return path.clone();
     }
+    let path = identity_with_rbac(home, watch, &|_| {}, made.len());
+    made.insert(key, path.clone());
+    path
+}
+
+/// Like [`chart_identity`], with `edit` applied to the chart's RBAC documents before they
+/// are applied (a rule taken away, say); not cached. `n` makes the kubeconfig's name.
+pub fn identity_with_rbac(
+    home: &str,
+    watch: &[&str],
+    edit: &dyn Fn(&mut Vec<serde_json::Value>),
+    n: usize,
+) -> PathBuf {
     let sets = vec![format!("manager.watchNamespaces={{{}}}", watch.join(","))];
-    let rbac: Vec<serde_json::Value> = documents(&render_chart(home, &sets))
+    let mut rbac: Vec<serde_json::Value> = documents(&render_chart(home, &sets))
         .into_iter()
         .filter(|d| {
             matches!(
@@ -299,6 +313,7 @@ pub fn chart_identity(home: &str, watch: &[&str]) -> PathBuf {
         })
         .collect();
     assert!(rbac.len() >= 4, "the chart rendered no RBAC");
+    edit(&mut rbac);
     let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rbac});
     let (ok, out) = kubectl(&["apply", "-f", "-"], Some(&list.to_string()));
     assert!(ok, "applying the chart's RBAC failed:\n{out}");
@@ -358,9 +373,8 @@ pub fn chart_identity(home: &str, watch: &[&str]) -> PathBuf {
         "contexts": [{"name": "manager", "context": {"cluster": "bed", "user": sa, "namespace": home}}],
         "current-context": "manager",
     });
-    let path = log_dir().join(format!("{home}-{}.kubeconfig", made.len()));
+    let path = log_dir().join(format!("{home}-{n}.kubeconfig"));
     std::fs::write(&path, kubeconfig.to_string()).unwrap();
-    made.insert(key, path.clone());
     path
 }
 

@@ -1,0 +1,449 @@
+//! `autonomic-manager check` against the test bed, as the chart's ServiceAccount: the
+//! healthy path (managed, over TLS with the test CA), and each failure it names, each
+//! with its exact line.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::connect_proxy::ConnectProxy;
+use support::fake_cp::FakeCp;
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_autonomic-manager");
+const TOKEN: &str = "tok_live_3f9a1c7e5b2d4a60";
+
+/// What one run of `check` printed, and its exit code.
+struct Checked {
+    code: Option<i32>,
+    lines: Vec<String>,
+}
+
+impl Checked {
+    /// The line of `step` (`ok   api server: …` → "api server").
+    fn line(&self, step: &str) -> &str {
+        self.lines
+            .iter()
+            .find(|l| {
+                l.get(5..)
+                    .is_some_and(|l| l.starts_with(&format!("{step}: ")))
+            })
+            .unwrap_or_else(|| panic!("no {step} line in:\n{}", self.lines.join("\n")))
+    }
+}
+
+/// Runs `check` with `kubeconfig`, watching `namespace`, with `env`; off the test's
+/// runtime thread (the fake peers run on it), bounded.
+async fn check(kubeconfig: &Path, namespace: &str, env: &[(&str, String)]) -> Checked {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("check")
+        .env_clear()
+        .env("KUBECONFIG", kubeconfig)
+        .env("AUTONOMIC_NAMESPACES", namespace)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+    let run = tokio::task::spawn_blocking(move || cmd.output().expect("run check"));
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("check ends within 2 minutes")
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    Checked {
+        code: out.status.code(),
+        lines: stdout.lines().map(str::to_owned).collect(),
+    }
+}
+
+fn managed(url: String) -> Vec<(&'static str, String)> {
+    vec![
+        ("AUTONOMIC_MANAGED", "true".into()),
+        ("AUTONOMIC_BASE_URL", url),
+        ("AUTONOMIC_AUTH_TOKEN", TOKEN.into()),
+    ]
+}
+
+/// The test bed's API server URL and version.
+async fn api_server(client: &kube::Client) -> (String, String) {
+    let server = run_ok(Command::new("kubectl").args([
+        "config",
+        "view",
+        "--minify",
+        "-o",
+        "jsonpath={.clusters[0].cluster.server}",
+    ]));
+    let version = client.apiserver_version().await.unwrap().git_version;
+    (server.trim().trim_end_matches('/').to_owned(), version)
+}
+
+/// The lines of steps 2–5 for the chart's identity in `ns` (managed: the cluster id's
+/// `get namespaces kube-system` too).
+async fn cluster_lines(
+    client: &kube::Client,
+    ns: &str,
+    kubeconfig: &Path,
+    managed: bool,
+) -> Vec<String> {
+    let (server, version) = api_server(client).await;
+    let rbac = if managed {
+        format!("40 permissions allowed (namespace {ns}, namespace kube-system)")
+    } else {
+        format!("39 permissions allowed (namespace {ns})")
+    };
+    vec![
+        format!(
+            "ok   identity: kubeconfig {}, context manager, user autonomic-manager (ServiceAccount {ns}/autonomic-manager)",
+            kubeconfig.display()
+        ),
+        format!("ok   api server: {server} ({version})"),
+        format!("ok   rbac: {rbac}"),
+        "ok   crds: agents, tools, runtimes, memories served (autonomic.sh/v1alpha1); schemas not compared: this identity may not get customresourcedefinitions".into(),
+    ]
+}
+
+#[tokio::test]
+async fn healthy_path_managed_over_tls() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "check-ok").await;
+    let kubeconfig = chart_identity(&ns.name, &[&ns.name]);
+    let (ca_file, cert, key) = pki::test_pki();
+    let cp = FakeCp::start_tls(&cert, &key).await;
+    cp.set_token(Some(TOKEN));
+    let mut env = managed(cp.url());
+    env.push(("AUTONOMIC_CA_FILE", ca_file.display().to_string()));
+    let got = check(&kubeconfig, &ns.name, &env).await;
+
+    let port = cp.port();
+    let mut want = vec![format!(
+        "ok   configuration: managed (wss://127.0.0.1:{port}/api/autonomic/connect), watching namespaces {}",
+        ns.name
+    )];
+    want.extend(cluster_lines(&client, &ns.name, &kubeconfig, true).await);
+    want.extend([
+        "ok   dns: 127.0.0.1 is an address (nothing to resolve)".to_owned(),
+        format!("ok   connect: 127.0.0.1:{port} reached directly (no HTTPS_PROXY)"),
+        "ok   tls: 127.0.0.1 presented a certificate this trust accepts, TLS 1.3".into(),
+        format!(
+            "ok   websocket: wss://127.0.0.1:{port}/api/autonomic/connect upgraded (autonomic.v1)"
+        ),
+        "ok   token: accepted (tok_li…)".into(),
+    ]);
+    assert_eq!(got.lines, want);
+    assert_eq!(got.code, Some(0));
+
+    // One upgrade, closed at once with 1000; no hello, nothing else sent.
+    assert_eq!(cp.accepted(), 1);
+    assert_eq!(cp.requests()[0].status, 101);
+    wait_until("the close frame", || async { !cp.frames().is_empty() }).await;
+    let kinds: Vec<_> = cp.frames().into_iter().map(|f| f.kind).collect();
+    assert_eq!(
+        kinds,
+        [fake_cp::ReceivedKind::Close(Some((
+            1000,
+            "autonomic-manager check".into()
+        )))]
+    );
+}
+
+/// The chart's RBAC minus `watch` on pods: the one missing verb is named.
+#[tokio::test]
+async fn a_verb_missing_from_rbac_is_named() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "check-rbac").await;
+    let without_watch = |docs: &mut Vec<Value>| {
+        let mut removed = 0;
+        for doc in docs.iter_mut().filter(|d| d["kind"] == "Role") {
+            for rule in doc["rules"].as_array_mut().into_iter().flatten() {
+                if rule["resources"] == json!(["pods"]) {
+                    let verbs = rule["verbs"].as_array_mut().unwrap();
+                    verbs.retain(|v| v != "watch");
+                    removed += 1;
+                }
+            }
+        }
+        assert_eq!(removed, 1, "the pods rule of the chart's Role");
+    };
+    let kubeconfig = identity_with_rbac(&ns.name, &[&ns.name], &without_watch, 100);
+    let got = check(&kubeconfig, &ns.name, &[]).await;
+    assert_eq!(
+        got.line("rbac"),
+        format!(
+            "FAIL rbac: cannot watch pods in namespace {} — fix: grant this identity the chart's RBAC (helm upgrade, or kubectl apply --server-side -f deploy.yaml; the rules: charts/autonomic/templates/_helpers.tpl)",
+            ns.name
+        )
+    );
+    assert_eq!(
+        got.line("crds"),
+        cluster_lines(&client, &ns.name, &kubeconfig, false).await[3].as_str()
+    );
+    assert_eq!(got.line("dns"), "-    dns: skipped: unmanaged");
+    assert_eq!(got.lines.len(), 10);
+    assert_eq!(got.code, Some(1));
+}
+
+/// Missing CRDs. The test bed is shared, so its CRDs cannot be taken away while other
+/// tests run; instead `check` talks to a stand-in API server on loopback (plain HTTP)
+/// that answers `/version` and every SelfSubjectAccessReview (allowed) as a real one
+/// does, and 404 to everything else — which is what a real API server without the CRDs
+/// answers to a CRD read. The code path from there on is the one a real cluster takes.
+#[tokio::test]
+async fn missing_crds_are_named() {
+    let port = crd_less_api_server().await;
+    let dir = log_dir().join(format!("check-crds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+             clusters: [{{name: fake, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n\
+             users: [{{name: fake, user: {{}}}}]\n\
+             contexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]\n"
+        ),
+    )
+    .unwrap();
+    let got = check(&kubeconfig, "crd-less", &[]).await;
+    assert_eq!(
+        got.lines[..5],
+        [
+            "ok   configuration: unmanaged, watching namespaces crd-less".to_owned(),
+            format!(
+                "ok   identity: kubeconfig {}, context fake, user fake",
+                kubeconfig.display()
+            ),
+            format!("ok   api server: http://127.0.0.1:{port} (v1.20.2-standin)"),
+            "ok   rbac: 39 permissions allowed (namespace crd-less)".into(),
+            "FAIL crds: not installed: agents.autonomic.sh, tools.autonomic.sh, runtimes.autonomic.sh, memories.autonomic.sh — fix: install this version's CRDs: autonomic-manager crds | kubectl apply --server-side -f -".into(),
+        ]
+    );
+    assert_eq!(got.code, Some(1));
+}
+
+/// An API server without the CRDs (see [`missing_crds_are_named`]).
+async fn crd_less_api_server() -> u16 {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut conn = BufReader::new(conn);
+                loop {
+                    let mut request = String::new();
+                    if conn.read_line(&mut request).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut length = 0;
+                    loop {
+                        let mut header = String::new();
+                        conn.read_line(&mut header).await.unwrap();
+                        if header.trim().is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = header.split_once(':')
+                            && k.eq_ignore_ascii_case("content-length")
+                        {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    conn.read_exact(&mut body).await.unwrap();
+                    let mut words = request.split_whitespace();
+                    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+                    let path = target.split_once('?').map_or(target, |(p, _)| p);
+                    let (status, answer) = match (method, path) {
+                        ("GET", "/version") => (
+                            200,
+                            json!({"major": "1", "minor": "20", "gitVersion": "v1.20.2-standin",
+                                   "gitCommit": "0", "gitTreeState": "clean", "buildDate": "2021-01-13T13:20:00Z",
+                                   "goVersion": "go1.15.5", "compiler": "gc", "platform": "linux/amd64"}),
+                        ),
+                        ("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews") => {
+                            let mut review: Value = serde_json::from_slice(&body).unwrap();
+                            review["status"] = json!({"allowed": true});
+                            (201, review)
+                        }
+                        _ => (
+                            404,
+                            json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                   "reason": "NotFound", "code": 404, "message": "the server could not find the requested resource"}),
+                        ),
+                    };
+                    let body = answer.to_string();
+                    let head = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    let conn = conn.get_mut();
+                    if conn.write_all(head.as_bytes()).await.is_err()
+                        || conn.write_all(body.as_bytes()).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// The lines of a managed check that fails at `step` with `line`: everything before it
+/// passes (the cluster as the chart's identity), everything after is skipped.
+async fn managed_failure(prefix: &str, url: String, extra: &[(&'static str, String)]) -> Checked {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, prefix).await;
+    let kubeconfig = chart_identity(&ns.name, &[&ns.name]);
+    let mut env = managed(url);
+    env.extend(extra.iter().cloned());
+    let got = check(&kubeconfig, &ns.name, &env).await;
+    assert_eq!(
+        got.lines[1..5],
+        cluster_lines(&client, &ns.name, &kubeconfig, true).await[..]
+    );
+    assert_eq!(got.lines.len(), 10, "one line a step");
+    assert_eq!(got.code, Some(1));
+    got
+}
+
+#[tokio::test]
+async fn an_unresolvable_host_fails_dns() {
+    let got = managed_failure("check-dns", "https://cp.autonomic.invalid".into(), &[]).await;
+    assert_eq!(
+        got.lines[5..],
+        [
+            "FAIL dns: cannot resolve cp.autonomic.invalid: failed to lookup address information: Name does not resolve — fix: check the host in AUTONOMIC_BASE_URL and this pod's DNS (or set HTTPS_PROXY if only a proxy reaches it)",
+            "-    connect: skipped: dns failed",
+            "-    tls: skipped: dns failed",
+            "-    websocket: skipped: dns failed",
+            "-    token: skipped: dns failed",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_proxy_refusing_connect_is_named_with_its_status() {
+    let cp = FakeCp::start().await;
+    let proxy = ConnectProxy::start(Some(407));
+    let extra = [("HTTPS_PROXY", proxy.url())];
+    let got = managed_failure("check-proxy", cp.url(), &extra).await;
+    let (pp, port) = (proxy.port, cp.port());
+    assert_eq!(
+        got.lines[5..7],
+        [
+            "ok   dns: proxy host 127.0.0.1 is an address (nothing to resolve)".to_owned(),
+            format!(
+                "FAIL proxy: http://127.0.0.1:{pp} refused CONNECT 127.0.0.1:{port}: HTTP/1.1 407 Refused — fix: the proxy wants credentials: put them in HTTPS_PROXY (http://user:password@host:port)"
+            ),
+        ]
+    );
+    assert_eq!(got.lines[7], "-    tls: skipped: proxy failed");
+    assert_eq!(proxy.seen(), [format!("CONNECT 127.0.0.1:{port}")]);
+    assert_eq!(cp.attempts(), 0);
+}
+
+#[tokio::test]
+async fn an_unknown_ca_is_named() {
+    let (_ca_file, cert, key) = pki::test_pki();
+    let cp = FakeCp::start_tls(&cert, &key).await;
+    let got = managed_failure("check-ca", cp.url(), &[]).await;
+    let port = cp.port();
+    assert_eq!(
+        got.lines[7..],
+        [
+            format!(
+                "FAIL tls: the certificate of 127.0.0.1:{port} is signed by an unknown CA — fix: set AUTONOMIC_CA_FILE (or SSL_CERT_FILE) to a PEM file of the CA that signs it (a TLS-inspecting proxy's CA, if there is one)"
+            ),
+            "-    websocket: skipped: tls failed".into(),
+            "-    token: skipped: tls failed".into(),
+        ]
+    );
+    assert_eq!(cp.accepted(), 0);
+}
+
+#[tokio::test]
+async fn a_rejected_token_is_named() {
+    let cp = FakeCp::start().await;
+    cp.set_token(Some("tok_another_one"));
+    let got = managed_failure("check-token", cp.url(), &[]).await;
+    assert_eq!(
+        got.lines[8..],
+        [
+            "-    websocket: skipped: the token was refused first (HTTP 401)",
+            "FAIL token: rejected (HTTP 401) for token tok_li… — fix: set AUTONOMIC_AUTH_TOKEN (or the Secret behind AUTONOMIC_AUTH_TOKEN_FILE) to a current token from the platform's dashboard",
+        ]
+    );
+    assert_eq!(cp.requests()[0].status, 401);
+}
+
+/// A plain HTTP server that answers every request with 200 and a page.
+async fn not_a_websocket() -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let page = "<html>welcome</html>";
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\n\r\n{page}",
+                    page.len()
+                );
+                let _ = conn.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn a_peer_that_is_not_a_websocket_is_named() {
+    let port = not_a_websocket().await;
+    let got = managed_failure("check-ws", format!("http://127.0.0.1:{port}"), &[]).await;
+    assert_eq!(
+        got.lines[7..],
+        [
+            "-    tls: skipped: plain http:// in AUTONOMIC_BASE_URL".to_owned(),
+            format!(
+                "FAIL websocket: ws://127.0.0.1:{port}/api/autonomic/connect is not a WebSocket endpoint: it answered the upgrade with HTTP 200 — fix: check AUTONOMIC_BASE_URL: it must be the platform's URL (and nothing between may strip the Upgrade header)"
+            ),
+            "-    token: skipped: websocket failed".into(),
+        ]
+    );
+}
+
+/// Neither a kubeconfig nor a pod: the identity step fails and says where to run it;
+/// the steps that need the API server are skipped.
+#[tokio::test]
+async fn no_identity_says_where_to_run_it() {
+    let dir = log_dir().join(format!("check-none-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let got = check(&dir.join("no-such-kubeconfig"), "x", &[]).await;
+    let line = got.line("identity");
+    assert!(
+        line.starts_with("FAIL identity: no kubeconfig (") && line.contains(") and not in a pod ("),
+        "{line}"
+    );
+    assert!(
+        line.ends_with(" — fix: set KUBECONFIG, or run it in the manager's pod: kubectl exec deploy/autonomic-manager -- /autonomic-manager check"),
+        "{line}"
+    );
+    assert_eq!(
+        got.lines[2..5],
+        [
+            "-    api server: skipped: no identity",
+            "-    rbac: skipped: no identity",
+            "-    crds: skipped: no identity",
+        ]
+    );
+    assert_eq!(got.code, Some(1));
+}
