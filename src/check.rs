@@ -116,6 +116,9 @@ pub enum Scope {
     Lease,
     /// Cluster-scoped, in managed mode without `AUTONOMIC_CLUSTER_ID`: the cluster id.
     ClusterId,
+    /// The manager's own namespace, in managed mode in a pod: Events on its pod for
+    /// link changes.
+    OwnEvents,
 }
 
 /// One RBAC rule the manager needs.
@@ -170,6 +173,13 @@ pub const RULES: &[Rule] = &[
         &["get", "list", "watch", "create", "patch"],
     ),
     rule("events.k8s.io", &["events"], &["create", "patch"]),
+    Rule {
+        group: "events.k8s.io",
+        resources: &["events"],
+        verbs: &["create", "patch"],
+        names: &[],
+        scope: Scope::OwnEvents,
+    },
     Rule {
         group: "coordination.k8s.io",
         resources: &["leases"],
@@ -235,7 +245,11 @@ fn permissions(config: &Config) -> Vec<Permission> {
             Scope::Watched => watched.clone(),
             Scope::Lease if config.leader_election => vec![Some(config.pod_namespace.clone())],
             Scope::ClusterId if config.managed && config.cluster_id.is_none() => vec![None],
-            Scope::Lease | Scope::ClusterId => continue,
+            // Recorded only when the pod's uid is known (in a pod: `POD_UID`).
+            Scope::OwnEvents if config.managed && !config.pod_uid.is_empty() => {
+                vec![Some(config.pod_namespace.clone())]
+            }
+            Scope::Lease | Scope::ClusterId | Scope::OwnEvents => continue,
         };
         let names: Vec<Option<&'static str>> = if rule.names.is_empty() {
             vec![None]
@@ -1148,8 +1162,17 @@ mod tests {
             ("AUTONOMIC_AUTH_TOKEN", "t"),
             ("AUTONOMIC_LEADER_ELECTION", "true"),
             ("POD_NAMESPACE", "home"),
+            ("POD_UID", "u-1"),
         ]));
-        assert_eq!(all.len(), 39 + 3 + 1);
+        // Workload, Lease (3), cluster id (1), link Events in the manager's namespace (2).
+        assert_eq!(all.len(), 39 + 3 + 1 + 2);
+        assert!(all.contains(&Permission {
+            namespace: Some("home".into()),
+            verb: "create",
+            group: "events.k8s.io",
+            resource: "events",
+            name: None,
+        }));
         assert!(all.contains(&Permission {
             namespace: Some("home".into()),
             verb: "update",
@@ -1169,7 +1192,7 @@ mod tests {
             ("AUTONOMIC_AUTH_TOKEN", "t"),
             ("AUTONOMIC_CLUSTER_ID", "prod"),
         ]));
-        assert_eq!(with_id.len(), 39);
+        assert_eq!(with_id.len(), 39, "outside a pod: no link Events");
         let a = attributes(&Permission {
             namespace: Some("x".into()),
             verb: "create",
@@ -1251,6 +1274,9 @@ mod tests {
                 continue;
             }
             let scope = match doc["kind"].as_str() {
+                // The Role for link Events in the release namespace (when it is not
+                // watched), told from the Lease's by its rules.
+                Some("Role") if doc["rules"][0]["resources"][0] == "events" => Scope::OwnEvents,
                 Some("Role") => Scope::Lease,
                 Some("ClusterRole") => Scope::ClusterId,
                 other => panic!("rules in a {other:?}"),
@@ -1258,7 +1284,8 @@ mod tests {
             scopes.push(scope);
             grants_of(&doc["rules"], scope, &mut chart);
         }
-        assert_eq!(scopes, [Scope::ClusterId, Scope::Lease]);
+        scopes.sort();
+        assert_eq!(scopes, [Scope::Lease, Scope::ClusterId, Scope::OwnEvents]);
 
         let mut table = BTreeSet::new();
         for rule in RULES {
