@@ -45,15 +45,8 @@ fn main() -> ExitCode {
     };
     init_tracing(&config);
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("autonomic-manager: unable to start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = runtime(tokio::runtime::Builder::new_multi_thread()) else {
+        return ExitCode::FAILURE;
     };
     match runtime.block_on(autonomic_manager::run(config, shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,
@@ -76,21 +69,25 @@ fn check() -> ExitCode {
         }
     };
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("autonomic-manager: unable to start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = runtime(tokio::runtime::Builder::new_current_thread()) else {
+        return ExitCode::FAILURE;
     };
     let passed = runtime.block_on(check::run(&config, &mut |line: &Line| println!("{line}")));
     if passed {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    }
+}
+
+/// The runtime `builder` makes, or `None` after saying why not.
+fn runtime(mut builder: tokio::runtime::Builder) -> Option<tokio::runtime::Runtime> {
+    match builder.enable_all().build() {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("autonomic-manager: unable to start the runtime: {e}");
+            None
+        }
     }
 }
 

@@ -257,17 +257,7 @@ fn json_log_lines_have_no_duplicate_keys() {
     let (port, seen) = fake_api_server();
     let dir = support::log_dir().join(format!("json-logs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
-             clusters: [{{name: fake, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n\
-             users: [{{name: fake, user: {{}}}}]\n\
-             contexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]\n"
-        ),
-    )
-    .unwrap();
+    let kubeconfig = support::fake_kubeconfig(&dir, port);
     let log = dir.join("manager.log");
     let mut child = Command::new(BIN)
         .env_clear()

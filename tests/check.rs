@@ -193,17 +193,7 @@ async fn missing_crds_are_named() {
     let port = crd_less_api_server().await;
     let dir = log_dir().join(format!("check-crds-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
-             clusters: [{{name: fake, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n\
-             users: [{{name: fake, user: {{}}}}]\n\
-             contexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]\n"
-        ),
-    )
-    .unwrap();
+    let kubeconfig = fake_kubeconfig(&dir, port);
     let got = check(&kubeconfig, "crd-less", &[]).await;
     assert_eq!(
         got.lines[..5],

@@ -119,15 +119,6 @@ async fn active(ns: &TestNamespace, cp: &FakeCp, name: &str) {
     reported(cp, &ns.name, name, "Active").await;
 }
 
-fn audit_of(action: &'static str, session: String) -> impl Fn(&Received) -> bool {
-    move |r| {
-        r.frame_type() == Some("audit")
-            && r.json().is_some_and(|v| {
-                v["event"]["action"] == action && v["event"]["session_id"] == session.as_str()
-            })
-    }
-}
-
 /// Opens `sleep <secs>` in the Agent's runtime container on `channel` and waits for
 /// `io_opened` and the audited open.
 async fn open_shell(cp: &FakeCp, ns: &str, agent: &str, channel: u32, secs: &str) {

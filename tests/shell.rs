@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, AttachParams, PostParams};
 use serde_json::{Value, json};
-use support::fake_cp::{FakeCp, Received};
+use support::fake_cp::FakeCp;
 use support::*;
 use tokio::io::AsyncReadExt;
 
@@ -47,15 +47,6 @@ async fn active(ns: &TestNamespace, cp: &FakeCp, name: &str) {
     })
     .await;
     reported(cp, &ns.name, name, "Active").await;
-}
-
-fn audit_of(action: &'static str, session: String) -> impl Fn(&Received) -> bool {
-    move |r| {
-        r.frame_type() == Some("audit")
-            && r.json().is_some_and(|v| {
-                v["event"]["action"] == action && v["event"]["session_id"] == session.as_str()
-            })
-    }
 }
 
 /// `ps` in the agent's runtime container, through the test's own exec (not the manager's).

@@ -12,7 +12,7 @@ pub mod faults;
 pub mod pki;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -771,4 +771,31 @@ pub fn elf(bytes: &[u8]) -> Elf {
         interp,
         needed,
     }
+}
+
+/// An `audit` frame of `action` for shell session `session`.
+pub fn audit_of(action: &'static str, session: String) -> impl Fn(&fake_cp::Received) -> bool {
+    move |r| {
+        r.frame_type() == Some("audit")
+            && r.json().is_some_and(|v| {
+                v["event"]["action"] == action && v["event"]["session_id"] == session.as_str()
+            })
+    }
+}
+
+/// A kubeconfig for a plain-HTTP stand-in API server on `127.0.0.1:port`, written in
+/// `dir`, with an anonymous user.
+pub fn fake_kubeconfig(dir: &Path, port: u16) -> PathBuf {
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+             clusters: [{{name: fake, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n\
+             users: [{{name: fake, user: {{}}}}]\n\
+             contexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]\n"
+        ),
+    )
+    .unwrap();
+    kubeconfig
 }
