@@ -737,17 +737,21 @@ mod tests {
         (cp, stop, task)
     }
 
+    /// How a session blocked on a write ended; a minute of paused time is ample.
+    async fn ended(task: tokio::task::JoinHandle<End>) -> End {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("the session hangs on a blocked write")
+            .unwrap()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_peer_that_stops_reading_ends_the_session_as_dead_within_the_bound() {
         let (cp, _stop, task) = stalled_writer().await;
         let welcomed_at = Instant::now();
         // The snapshot cannot be written: dead after the bound (3 × 2 s), plus the
         // 0.9 s the close may take (it cannot be written either), not never.
-        let end = tokio::time::timeout(Duration::from_secs(60), task)
-            .await
-            .expect("the session hangs on a blocked write")
-            .unwrap();
-        assert_eq!(end, End::Dead);
+        assert_eq!(ended(task).await, End::Dead);
         assert_eq!(
             Instant::now() - welcomed_at,
             Duration::from_secs(6) + Duration::from_millis(900)
@@ -761,11 +765,7 @@ mod tests {
         let welcomed_at = Instant::now();
         tokio::time::sleep(Duration::from_secs(1)).await;
         stop.send(true).unwrap();
-        let end = tokio::time::timeout(Duration::from_secs(60), task)
-            .await
-            .expect("the session hangs on a blocked write")
-            .unwrap();
-        assert_eq!(end, End::Shutdown);
+        assert_eq!(ended(task).await, End::Shutdown);
         // At once, but for the bounded close (0.9 s).
         assert_eq!(
             Instant::now() - welcomed_at,
