@@ -417,6 +417,12 @@ start_containerd() {
   ]
 }
 EOF
+    # The pods' gateway exists from the start, not from the first pod's sandbox: a test
+    # that hands pods an address of this host (tests/helm.rs) may run before any pod.
+    # The bridge plugin adopts a bridge that already carries its gateway address.
+    ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
+    ip addr replace "$(first_ip "$POD_CIDR")/${POD_CIDR#*/}" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
     mkdir -p "${CTRD}/certs.d/autonomic.test"
     # (containerd 1.6 rejects a hosts.toml without a [host] table.)
     printf 'server = "http://127.0.0.1:1"\n\n[host."http://127.0.0.1:1"]\n  capabilities = ["pull", "resolve"]\n' \

@@ -301,7 +301,60 @@ async fn helm_install_then_the_platforms_command_manages_it_end_to_end() {
     .await;
     assert_eq!(cp.max_connections(), 1);
 
-    // 7. helm uninstall: the manager goes, the custom resources (and CRDs) stay.
+    // 7. The preflight as the README runs it: `kubectl exec` into the manager's pod (the
+    //    image has no shell; the binary is the command), with the pod's own identity,
+    //    configuration, mounted token and CA bundle. Every step passes, the last being
+    //    the rotated token accepted by the control plane. (In the leader's pod: the
+    //    kubelet refreshes each pod's copy of the Secret on its own schedule, and the
+    //    standby's may still hold the revoked token, which check would rightly refuse.)
+    let leader = format!("pod/{second_pod}");
+    let (ok, out) = kubectl(
+        &[
+            "-n",
+            &home.name,
+            "exec",
+            &leader,
+            "--",
+            "/autonomic-manager",
+            "check",
+        ],
+        None,
+    );
+    assert!(ok, "check in the manager's pod failed:\n{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    let steps: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.get(5..)?.split_once(": ").map(|(step, _)| step))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "configuration",
+            "identity",
+            "api server",
+            "rbac",
+            "crds",
+            "dns",
+            "connect",
+            "tls",
+            "websocket",
+            "token"
+        ],
+        "{out}"
+    );
+    assert!(lines.iter().all(|l| l.starts_with("ok   ")), "{out}");
+    assert!(
+        lines[1].contains(&format!("ServiceAccount {}/autonomic-manager", home.name)),
+        "{out}"
+    );
+    let prefix: String = TOKEN_B.chars().take(6).collect();
+    assert_eq!(
+        lines[9],
+        format!("ok   token: accepted ({prefix}…)"),
+        "{out}"
+    );
+
+    // 8. helm uninstall: the manager goes, the custom resources (and CRDs) stay.
     helm_in(&home.name, &["uninstall", "autonomic"]);
     wait_gone(&deployments, "autonomic-manager").await;
     assert!(agents.get_opt("hello").await.unwrap().is_some());
