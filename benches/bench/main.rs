@@ -11,6 +11,7 @@
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod plot;
 mod report;
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -201,6 +202,13 @@ fn quantile(xs: &[f64], q: f64) -> f64 {
     }
     let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
     v[rank - 1]
+}
+
+/// The quantiles at 0, 5 %, …, 100 %: the distribution BENCHMARKS.md draws.
+fn cdf(xs: &[f64]) -> Vec<f64> {
+    (0..=20)
+        .map(|i| quantile(xs, f64::from(i) / 20.0))
+        .collect()
 }
 
 fn median(xs: &[f64]) -> f64 {
@@ -505,6 +513,8 @@ async fn delta_latency(client: &kube::Client, ns: &str, cp: &FakeCp, changes: us
         "manager_p50_ms": quantile(&manager, 0.5),
         "manager_p99_ms": quantile(&manager, 0.99),
         "manager_max_ms": quantile(&manager, 1.0),
+        "raw_cdf_ms": cdf(&raw),
+        "manager_cdf_ms": cdf(&manager),
     });
     eprintln!("delta latency: {out}");
     out
@@ -604,6 +614,7 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
     let client = support::client().await;
     let mut results = Map::new();
     results.insert("binary".into(), binary());
+    results.insert("commit".into(), json!(report::commit()));
     results.insert(
         "kubernetes".into(),
         json!(client.apiserver_version().await.unwrap().git_version),
@@ -849,6 +860,7 @@ async fn shell() -> Value {
         "direct_bytes_per_s": median(&direct),
         "direct_echo_p50_ms": quantile(&direct_echo, 0.5),
         "direct_echo_p99_ms": quantile(&direct_echo, 0.99),
+        "direct_echo_cdf_ms": cdf(&direct_echo),
     });
     if not_measured.is_none() {
         let channel = 20;
@@ -874,6 +886,7 @@ async fn shell() -> Value {
                     .await;
                 out["proxy_echo_p50_ms"] = json!(quantile(&times, 0.5));
                 out["proxy_echo_p99_ms"] = json!(quantile(&times, 0.99));
+                out["proxy_echo_cdf_ms"] = json!(cdf(&times));
             }
         }
     }

@@ -6,6 +6,8 @@ use std::fmt::Write;
 
 use serde_json::{Map, Value};
 
+use crate::plot;
+
 const BEGIN: &str = "<!-- BEGIN RESULTS: written by scripts/bench, do not edit -->";
 const END: &str = "<!-- END RESULTS -->";
 
@@ -19,7 +21,32 @@ fn sh(cmd: &str, args: &[&str]) -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-fn machine(kubernetes: &str, args: &str) -> String {
+/// The commit measured, as the results files record it when the run starts (rendering
+/// later, e.g. after a merge, must not name another commit).
+pub fn commit() -> String {
+    let dirty = if sh(
+        "git",
+        &[
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":!BENCHMARKS.md",
+            ":!benches/results",
+            ":!benches/charts",
+        ],
+    )
+    .is_empty()
+    {
+        ""
+    } else {
+        " (with uncommitted changes)"
+    };
+    format!("{}{dirty}", sh("git", &["rev-parse", "--short=12", "HEAD"]))
+}
+
+fn machine(kubernetes: &str, args: &str, commit: &str) -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu = cpuinfo
         .lines()
@@ -33,24 +60,6 @@ fn machine(kubernetes: &str, args: &str) -> String {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
-    let dirty = if sh(
-        "git",
-        &[
-            "status",
-            "--porcelain",
-            "--untracked-files=no",
-            "--",
-            ".",
-            ":!BENCHMARKS.md",
-            ":!benches/results",
-        ],
-    )
-    .is_empty()
-    {
-        ""
-    } else {
-        " (with uncommitted changes)"
-    };
     let mut s = String::new();
     let _ = writeln!(s, "| Machine | |\n|---|---|");
     let _ = writeln!(s, "| CPUs (`nproc`) | {} |", sh("nproc", &[]));
@@ -58,11 +67,7 @@ fn machine(kubernetes: &str, args: &str) -> String {
     let _ = writeln!(s, "| Memory | {:.1} GiB |", mem_kb / 1048576.0);
     let _ = writeln!(s, "| Kernel | {} |", sh("uname", &["-r"]));
     let _ = writeln!(s, "| Kubernetes | {kubernetes} |");
-    let _ = writeln!(
-        s,
-        "| Commit | {}{dirty} |",
-        sh("git", &["rev-parse", "--short=12", "HEAD"])
-    );
+    let _ = writeln!(s, "| Commit | {commit} |");
     let _ = writeln!(
         s,
         "| Date | {} |",
@@ -153,6 +158,39 @@ fn before_after(
     }
 }
 
+/// The charts of this run, written beside the results as SVG files and linked below the
+/// tables (the pictures of what the tables list: memory against Agents, latencies).
+fn pictures(s: &mut String, footprints: &[Value], delta: &Value, shell: &Value) {
+    let dir = "benches/charts";
+    let charts = [
+        ("memory", "Memory against Agents", plot::memory(footprints)),
+        (
+            "delta-latency",
+            "Delta latency distribution",
+            plot::delta(delta),
+        ),
+        (
+            "echo-latency",
+            "Keystroke echo distribution",
+            plot::echo(shell),
+        ),
+    ];
+    let drawn: Vec<_> = charts
+        .into_iter()
+        .filter_map(|(file, alt, chart)| Some((file, alt, chart?)))
+        .collect();
+    if drawn.is_empty() {
+        return;
+    }
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{dir}: {e}"));
+    let _ = writeln!(s, "\n**Pictures** (drawn from the same results):\n");
+    for (file, alt, chart) in drawn {
+        let path = format!("{dir}/{file}.svg");
+        std::fs::write(&path, plot::svg(&chart)).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let _ = writeln!(s, "![{alt}]({path})\n");
+    }
+}
+
 pub fn render(md: &str, files: &[String], before: Option<&str>) {
     let r = load(files);
     let null = Value::Null;
@@ -160,7 +198,8 @@ pub fn render(md: &str, files: &[String], before: Option<&str>) {
     let kubernetes = get("kubernetes").as_str().unwrap_or("?");
     let args = std::env::var("BENCH_ARGS").unwrap_or_default();
     let mut s = String::new();
-    s.push_str(&machine(kubernetes, &args));
+    let commit = get("commit").as_str().map_or_else(commit, str::to_owned);
+    s.push_str(&machine(kubernetes, &args, &commit));
     s.push('\n');
 
     // --- the summary, one row per item of the issue
@@ -418,6 +457,7 @@ pub fn render(md: &str, files: &[String], before: Option<&str>) {
     if let Some(file) = before {
         before_after(&mut s, &load(&[file.to_owned()]), &r, &format!("`{file}`"));
     }
+    pictures(&mut s, &footprints, &get("delta")["result"], get("shell"));
     let _ = writeln!(
         s,
         "\nRaw results: `{}`. MB = 10^6 bytes.",
