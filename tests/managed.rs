@@ -874,13 +874,16 @@ async fn connects_through_an_http_connect_proxy() {
 }
 
 #[tokio::test]
-async fn silent_peer_periodic_snapshots_and_revoked_token() {
+async fn no_welcome_periodic_snapshots_and_revoked_token() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "cp-timers").await;
     let cp = FakeCp::start().await;
     // A peer that upgrades and then says nothing: no welcome within the timeout. The
     // manager goes on with the default intervals (§4.1: a platform that sends no welcome
-    // must still see the cluster), and finds the silent peer dead after 3 × 15 s (§4.5).
+    // must still see the cluster). That it finds such a peer dead 3 × 15 s after its last
+    // frame (§4.5) is timed exactly on the paused clock, in process
+    // (`connect::session`'s `a_silent_peer_is_dead_three_intervals_after_its_last_frame_…`);
+    // here the peer drops the connection instead, and the manager redials.
     cp.set_mode(Mode::Silent);
     let mut env = managed_env(&cp);
     env.push(("AUTONOMIC_WELCOME_TIMEOUT_S", "1".into()));
@@ -892,10 +895,10 @@ async fn silent_peer_periodic_snapshots_and_revoked_token() {
             .any(|r| r.conn == 1 && r.frame_type() == Some("snapshot"))
     })
     .await;
-    wait_until("a redial once the silent peer is found dead", || async {
-        cp.accepted() >= 2
-    })
-    .await;
+    cp.set_mode(Mode::Accept);
+    cp.set_welcome(15, 1);
+    cp.drop_connection().await;
+    wait_until("a redial after the drop", || async { cp.accepted() >= 2 }).await;
 
     // A snapshot every snapshot_interval_s backstops lost deltas.
     cp.set_mode(Mode::Accept);
