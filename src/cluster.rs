@@ -320,26 +320,29 @@ impl Kube {
 }
 
 /// The Event a status change deserves, if any: one when the phase changes, and one when
-/// an error's cause changes (an Agent that was missing a Runtime now cannot pull its
-/// image). Its reason is the cause (the `Ready` condition's reason), its type `Warning`
-/// in an error phase. A change of message alone, or of a cause while on the way
-/// (`Creating` → `ContainerCreating` → `Running`), is no Event: status has it, and an
-/// Event is an API request of its own. The kubelet's flip of a pull failure between
-/// `ErrImagePull` and `ImagePullBackOff` is the same cause.
+/// a new cause of trouble appears (an error's cause, or `Unschedulable`, which leaves the
+/// phase `Pending`): an Agent that was missing a Runtime now cannot pull its image. Its
+/// reason is the cause (the `Ready` condition's reason), its type `Warning` in an error
+/// phase or for a cause of trouble. A change of message alone, or of cause while on the
+/// way (`Creating` → `ContainerCreating` → `Running`), is no Event: the status has it,
+/// and an Event is an API request of its own. The kubelet's flip of a pull failure
+/// between `ErrImagePull` and `ImagePullBackOff` is the same cause.
 pub fn phase_event<S: PhaseStatus>(old: Option<&S>, new: &S) -> Option<KubeEvent> {
     let reason = new.ready_reason().unwrap_or_default().to_owned();
+    let cause = Reason::parse(&reason);
+    let trouble = cause.is_some_and(Reason::is_trouble);
     let phase_changed = old.and_then(|o| o.phase_name()) != new.phase_name();
     let old_reason = old.and_then(|o| o.ready_reason());
-    let cause_changed = match (old_reason.and_then(Reason::parse), Reason::parse(&reason)) {
+    let cause_changed = match (old_reason.and_then(Reason::parse), cause) {
         (Some(a), Some(b)) => !a.same_cause(b),
         _ => old_reason != Some(reason.as_str()),
     };
-    if !(phase_changed || (new.is_warning() && cause_changed)) {
+    if !(phase_changed || (trouble && cause_changed)) {
         return None;
     }
     let message = new.message_text();
     Some(KubeEvent {
-        type_: if new.is_warning() {
+        type_: if new.is_warning() || trouble {
             EventType::Warning
         } else {
             EventType::Normal
@@ -385,6 +388,7 @@ mod tests {
         let pull = st(Error, "ErrImagePull");
         let backoff = st(Error, "ImagePullBackOff");
         let crash = st(Error, "CrashLoopBackOff");
+        let stuck = st(Pending, "Unschedulable");
         // (old, new) → (type, reason) or no Event.
         let cases = [
             (None, &pending, Some(("Normal", "Creating"))),
@@ -405,6 +409,9 @@ mod tests {
                 Some(("Warning", "CrashLoopBackOff")),
             ),
             (Some(&crash), &active, Some(("Normal", "Running"))),
+            (Some(&pending), &stuck, Some(("Warning", "Unschedulable"))),
+            (Some(&stuck), &stuck, None),
+            (Some(&stuck), &creating, None),
         ];
         for (i, (old, new, want)) in cases.into_iter().enumerate() {
             let got = phase_event(old, new).map(|e| {

@@ -197,6 +197,34 @@ impl Reason {
         Reason::ALL.into_iter().find(|r| r.as_str() == s)
     }
 
+    /// Whether the reason says something is wrong or stuck: every error's cause, and
+    /// `Unschedulable` (the phase is still `Pending`, but it will not move on its own).
+    /// Such a cause is news when it appears (a Warning Event), whatever the phase.
+    pub fn is_trouble(self) -> bool {
+        use Reason::*;
+        !matches!(
+            self,
+            Running
+                | Serving
+                | Valid
+                | Bound
+                | Creating
+                | Scheduling
+                | ContainerCreating
+                | ContainersNotReady
+                | Recreating
+                | WaitingToRoll
+                | PodTerminating
+                | Replacing
+                | Paused
+                | Disabled
+                | Idle
+                | Completed
+                | SecretNotFound
+                | Deleting
+        )
+    }
+
     /// The same cause for an Event's purpose: the kubelet flips a pull failure between
     /// `ErrImagePull` and `ImagePullBackOff` at every retry, which is not news.
     pub fn same_cause(self, other: Reason) -> bool {

@@ -537,6 +537,46 @@ mod tests {
         assert_eq!(idle.message, IDLE);
     }
 
+    /// The cause each decision gives, for the `Ready` condition and the Events.
+    #[test]
+    fn reasons_follow_the_cause() {
+        let base = tool("search", 8080);
+        let mut disabled = base.clone();
+        disabled.spec.disabled = true;
+        let mut deleting = base.clone();
+        deleting.metadata.deletion_timestamp = Some(Time(at(0)));
+        let mut invalid = base.clone();
+        invalid.spec.image = " ".into();
+        let ready = pod(&base, READY);
+        let crash = pod(&base, CRASH);
+        let stale = {
+            let mut old = base.clone();
+            old.spec.image = "srv:0".into();
+            pod(&old, READY)
+        };
+        let failed = pod(&base, "{phase: Failed}");
+        let demand = |users| Demand {
+            users,
+            idle_since: None,
+        };
+        let cases = [
+            (&base, None, 0, Reason::Idle),
+            (&base, None, 1, Reason::Creating),
+            (&base, Some(&ready), 1, Reason::Serving),
+            (&base, Some(&ready), 0, Reason::Serving),
+            (&base, Some(&crash), 1, Reason::CrashLoopBackOff),
+            (&base, Some(&stale), 1, Reason::Recreating),
+            (&base, Some(&failed), 1, Reason::Replacing),
+            (&disabled, Some(&ready), 1, Reason::Disabled),
+            (&deleting, Some(&ready), 1, Reason::Deleting),
+            (&invalid, None, 1, Reason::NoImage),
+        ];
+        for (i, (t, current, users, want)) in cases.into_iter().enumerate() {
+            let p = plan(t, current, demand(users), at(0));
+            assert_eq!(p.reason, want, "case {i}: {p:?}");
+        }
+    }
+
     #[test]
     fn spec_defaults() {
         let t = tool("x", 80);
