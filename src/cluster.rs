@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::Error;
-use crate::crd::PhaseStatus;
+use crate::crd::{PhaseStatus, Reason};
 use crate::store::{PodView, is_owned_by};
 use crate::text::cap_utf8;
 
@@ -295,21 +295,12 @@ impl Kube {
                 ));
             }
         }
-        let phase = status.phase_name().unwrap_or_default();
-        if old.and_then(|o| o.phase_name()).as_deref() != Some(phase.as_str()) {
-            let message = status.message_text();
-            tracing::info!(%kind, namespace = %ns, %name, %phase, status_message = %message, "phase changed");
-            let event = KubeEvent {
-                type_: if status.is_warning() {
-                    EventType::Warning
-                } else {
-                    EventType::Normal
-                },
-                reason: phase.clone(),
-                note: Some(cap_utf8(message, 1000).to_owned()).filter(|m| !m.is_empty()),
-                action: "Reconcile".into(),
-                secondary: None,
-            };
+        if let Some(event) = phase_event(old, status) {
+            let (phase, message) = (
+                status.phase_name().unwrap_or_default(),
+                status.message_text(),
+            );
+            tracing::info!(%kind, namespace = %ns, %name, %phase, reason = %event.reason, status_message = %message, "phase changed");
             self.publish(obj, event).await;
         }
         Ok(())
@@ -328,9 +319,118 @@ impl Kube {
     }
 }
 
+/// The Event a status change deserves, if any: one when the phase changes, and one when
+/// a new cause of trouble appears (an error's cause, or `Unschedulable`, which leaves the
+/// phase `Pending`): an Agent that was missing a Runtime now cannot pull its image. Its
+/// reason is the cause (the `Ready` condition's reason), its type `Warning` in an error
+/// phase or for a cause of trouble. A change of message alone, or of cause while on the
+/// way (`Creating` → `ContainerCreating` → `Running`), is no Event: the status has it,
+/// and an Event is an API request of its own. The kubelet's flip of a pull failure
+/// between `ErrImagePull` and `ImagePullBackOff` is the same cause.
+pub fn phase_event<S: PhaseStatus>(old: Option<&S>, new: &S) -> Option<KubeEvent> {
+    let reason = new.ready_reason().unwrap_or_default().to_owned();
+    let cause = Reason::parse(&reason);
+    let trouble = cause.is_some_and(Reason::is_trouble);
+    let phase_changed = old.and_then(|o| o.phase_name()) != new.phase_name();
+    let old_reason = old.and_then(|o| o.ready_reason());
+    let cause_changed = match (old_reason.and_then(Reason::parse), cause) {
+        (Some(a), Some(b)) => !a.same_cause(b),
+        _ => old_reason != Some(reason.as_str()),
+    };
+    if !(phase_changed || (trouble && cause_changed)) {
+        return None;
+    }
+    let message = new.message_text();
+    Some(KubeEvent {
+        type_: if new.is_warning() || trouble {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason,
+        note: Some(cap_utf8(message, 1000).to_owned()).filter(|m| !m.is_empty()),
+        action: "Reconcile".into(),
+        secondary: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn events_say_the_cause_on_a_phase_change_or_a_new_error() {
+        use crate::crd::{AgentPhase, AgentStatus};
+        let st = |phase, reason: &str| {
+            let mut s = AgentStatus::default();
+            s.set_head(
+                Some(1),
+                phase,
+                format!("{reason} message"),
+                vec![crate::crd::Condition {
+                    type_: "Ready".into(),
+                    status: "False".into(),
+                    reason: reason.into(),
+                    message: String::new(),
+                    observed_generation: Some(1),
+                    last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    ),
+                }],
+            );
+            s
+        };
+        use AgentPhase::*;
+        let pending = st(Pending, "Creating");
+        let creating = st(Pending, "ContainerCreating");
+        let active = st(Active, "Running");
+        let missing = st(Error, "RuntimeNotFound");
+        let pull = st(Error, "ErrImagePull");
+        let backoff = st(Error, "ImagePullBackOff");
+        let crash = st(Error, "CrashLoopBackOff");
+        let stuck = st(Pending, "Unschedulable");
+        // (old, new) → (type, reason) or no Event.
+        let cases = [
+            (None, &pending, Some(("Normal", "Creating"))),
+            (Some(&pending), &creating, None),
+            (Some(&creating), &active, Some(("Normal", "Running"))),
+            (Some(&active), &active, None),
+            (
+                Some(&active),
+                &missing,
+                Some(("Warning", "RuntimeNotFound")),
+            ),
+            (Some(&missing), &pull, Some(("Warning", "ErrImagePull"))),
+            (Some(&pull), &backoff, None),
+            (Some(&backoff), &pull, None),
+            (
+                Some(&backoff),
+                &crash,
+                Some(("Warning", "CrashLoopBackOff")),
+            ),
+            (Some(&crash), &active, Some(("Normal", "Running"))),
+            (Some(&pending), &stuck, Some(("Warning", "Unschedulable"))),
+            (Some(&stuck), &stuck, None),
+            (Some(&stuck), &creating, None),
+        ];
+        for (i, (old, new, want)) in cases.into_iter().enumerate() {
+            let got = phase_event(old, new).map(|e| {
+                let t = if matches!(e.type_, EventType::Warning) {
+                    "Warning"
+                } else {
+                    "Normal"
+                };
+                (t, e.reason)
+            });
+            assert_eq!(
+                got.as_ref().map(|(t, r)| (*t, r.as_str())),
+                want,
+                "case {i}"
+            );
+        }
+        let e = phase_event(None, &missing).unwrap();
+        assert_eq!(e.note.as_deref(), Some("RuntimeNotFound message"));
+    }
 
     #[test]
     fn holds_ignores_what_the_server_adds_but_not_what_we_set() {

@@ -64,7 +64,7 @@ async fn agent_runs_as_pod_with_config_secret_labels_and_events() {
         .expect("Ready condition");
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),
-        ("True", "Active")
+        ("True", "Running")
     );
 
     let pod = ns.api::<Pod>().get("triage").await.unwrap();
@@ -111,7 +111,7 @@ async fn agent_runs_as_pod_with_config_secret_labels_and_events() {
 
     // `kubectl describe` tells the story: an Event for the phase change.
     let events: Api<k8s_openapi::api::events::v1::Event> = ns.api();
-    wait_until("an Active event", || async {
+    wait_until("a Running event", || async {
         events
             .list(&Default::default())
             .await
@@ -119,7 +119,7 @@ async fn agent_runs_as_pod_with_config_secret_labels_and_events() {
             .items
             .iter()
             .any(|e| {
-                e.reason.as_deref() == Some("Active")
+                e.reason.as_deref() == Some("Running")
                     && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("triage")
             })
     })

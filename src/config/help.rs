@@ -148,6 +148,11 @@ pub const ENV_VARS: &[EnvVar] = &[
         "concurrent shell sessions on one connection",
     ),
     env(
+        "AUTONOMIC_ROLL_MAX",
+        "10",
+        "Agents whose pods are recreated at once when the pod they should have changes (at least 1)",
+    ),
+    env(
         "POD_NAMESPACE",
         "default",
         "the manager's namespace (downward API): where the leader Lease lives",

@@ -114,7 +114,16 @@ pub struct Config {
     pub node_name: String,
     /// Concurrent shell sessions allowed on one connection.
     pub max_sessions: usize,
+    /// Agents whose pods are recreated at once when the pod they should have changes
+    /// (a Runtime edit, a new default agentlet image); at least 1.
+    pub roll_max: usize,
 }
+
+/// The default of `AUTONOMIC_ROLL_MAX`: ten Agents out of service at once is a small
+/// share of a fleet big enough to care, and ten pod starts (image pulls) at once are
+/// what one node takes in its stride; a roll of 500 Agents whose pods start in ~10 s
+/// takes about eight minutes.
+pub const DEFAULT_ROLL_MAX: u64 = 10;
 
 pub const DEFAULT_BASE_URL: &str = "https://exo.adaptive.live";
 
@@ -316,6 +325,15 @@ impl Config {
             pod_uid: var("POD_UID").unwrap_or_default(),
             node_name: var("NODE_NAME").unwrap_or_default(),
             max_sessions: number("AUTONOMIC_MAX_SESSIONS", 16)? as usize,
+            roll_max: match number("AUTONOMIC_ROLL_MAX", DEFAULT_ROLL_MAX)? {
+                0 => {
+                    return Err(ConfigError::Invalid {
+                        var: "AUTONOMIC_ROLL_MAX",
+                        reason: "0 would never roll a changed pod; the least is 1".into(),
+                    });
+                }
+                n => n.min(100_000) as usize,
+            },
         })
     }
 

@@ -580,7 +580,10 @@ mod pod_tests {
         let pod = read(crashing);
         assert_eq!(
             pod_health(&pod),
-            Health::Error("container runtime: CrashLoopBackOff: back-off 5m0s".into())
+            Health::Error(
+                crate::crd::Reason::CrashLoopBackOff,
+                "container runtime: CrashLoopBackOff: back-off 5m0s".into()
+            )
         );
         assert_eq!(
             pod_wire(&pod)["containers"][0],
@@ -594,14 +597,17 @@ mod pod_tests {
             json!({"terminated": {"exitCode": 3, "reason": "Error"}});
         assert_eq!(
             pod_health(&read(failed)),
-            Health::Failed("container agentlet exited with code 3 (Error)".into())
+            Health::Failed(
+                crate::crd::Reason::PodFailed,
+                "container agentlet exited with code 3 (Error)".into()
+            )
         );
 
         let mut pending = served();
         pending["status"] = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
             "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}]});
         assert!(
-            matches!(pod_health(&read(pending)), Health::Pending(m) if m.contains("0/1 nodes"))
+            matches!(pod_health(&read(pending)), Health::Pending(_, m) if m.contains("0/1 nodes"))
         );
     }
 }

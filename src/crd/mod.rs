@@ -2,11 +2,13 @@
 
 mod agent;
 mod memory;
+mod reason;
 mod runtime;
 mod tool;
 
 pub use agent::*;
 pub use memory::*;
+pub use reason::Reason;
 pub use runtime::*;
 pub use tool::*;
 
@@ -145,6 +147,13 @@ pub trait PhaseStatus: serde::Serialize + PartialEq + Default {
     }
     fn message_text(&self) -> &str;
     fn conditions(&self) -> &[Condition];
+    /// The `Ready` condition's reason: the cause of the phase (the Events' reason too).
+    fn ready_reason(&self) -> Option<&str> {
+        self.conditions()
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.reason.as_str())
+    }
     /// Whether the phase deserves a Warning event.
     fn is_warning(&self) -> bool;
     /// Sets the four shared fields.

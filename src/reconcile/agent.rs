@@ -16,9 +16,13 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use super::common::{self, Health};
+use super::problem::{self, Problem};
+use super::roll::Admit;
 use super::{Context, Outcome};
 use crate::Error;
-use crate::crd::{Agent, AgentPhase, AgentStatus, Kind, Memory, MemoryRef, Runtime, Tool};
+use crate::crd::{
+    Agent, AgentPhase, AgentStatus, Key, Kind, Memory, MemoryRef, Reason, Runtime, Tool,
+};
 use crate::store::PodView;
 
 pub const CONFIG_MOUNT: &str = "/var/run/autonomic";
@@ -35,9 +39,9 @@ pub struct Refs {
 }
 
 /// Looks up what the Agent references; the error names what is missing or invalid.
-pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, String> {
+pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, Problem> {
     let ns = agent.namespace().unwrap_or_default();
-    common::check_label_value(Kind::Agent, &agent.name_any())?;
+    problem::check_label_value(Kind::Agent, &agent.name_any())?;
     let runtime = match &agent.spec.runtime.reference {
         None => None,
         Some(name) => {
@@ -45,11 +49,14 @@ pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, String> {
                 .store
                 .runtimes
                 .get(&ns, name)
-                .ok_or_else(|| format!("Runtime {name:?} not found in namespace {ns}"))?;
+                .ok_or_else(|| Problem::RuntimeNotFound {
+                    name: name.clone(),
+                    namespace: ns.clone(),
+                })?;
             if rt.spec.image.as_deref().is_none_or(str::is_empty)
                 && agent.spec.runtime.image.is_none()
             {
-                return Err(format!("Runtime {name:?} is invalid: no image"));
+                return Err(Problem::RuntimeInvalid { name: name.clone() });
             }
             Some(rt)
         }
@@ -62,7 +69,10 @@ pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, String> {
             ctx.store
                 .tools
                 .get(&ns, t)
-                .ok_or_else(|| format!("Tool {t:?} not found in namespace {ns}"))
+                .ok_or_else(|| Problem::ToolNotFound {
+                    name: t.clone(),
+                    namespace: ns.clone(),
+                })
         })
         .collect::<Result<_, _>>()?;
     let memories = agent
@@ -73,7 +83,10 @@ pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, String> {
             ctx.store
                 .memories
                 .get(&ns, m)
-                .ok_or_else(|| format!("Memory {m:?} not found in namespace {ns}"))
+                .ok_or_else(|| Problem::MemoryNotFound {
+                    name: m.clone(),
+                    namespace: ns.clone(),
+                })
         })
         .collect::<Result<_, _>>()?;
     Ok(Refs {
@@ -94,7 +107,7 @@ pub fn desired_pod(
     agent: &Agent,
     runtime: Option<&Runtime>,
     agentlet: &AgentletDefaults,
-) -> Result<Pod, String> {
+) -> Result<Pod, Problem> {
     let default_agentlet = agentlet.image;
     let name = agent.name_any();
     let spec = &agent.spec;
@@ -105,16 +118,14 @@ pub fn desired_pod(
         .clone()
         .or_else(|| tpl.and_then(|t| t.image.clone()))
         .filter(|i| !i.trim().is_empty())
-        .ok_or("no runtime image: set spec.runtime.image or reference a Runtime that has one")?;
+        .ok_or(Problem::NoRuntimeImage)?;
     let agentlet_image = spec
         .agentlet
         .image
         .clone()
         .or_else(|| default_agentlet.map(str::to_owned))
         .filter(|i| !i.trim().is_empty())
-        .ok_or(
-            "no agentlet image: set spec.agentlet.image or AUTONOMIC_AGENTLET_IMAGE on the manager",
-        )?;
+        .ok_or(Problem::NoAgentletImage)?;
 
     // The override replaces the template's entry of the same name; order is kept.
     let mut env: Vec<EnvVar> = tpl.and_then(|t| t.env.clone()).unwrap_or_default();
@@ -251,6 +262,9 @@ pub enum PodAction {
     Create,
     /// Delete the current pod (it is recreated on the next pass unless paused/terminal).
     Delete,
+    /// Delete the current pod because it was built from another spec: a roll, which
+    /// waits for a slot of the roll budget (`roll`).
+    Recreate,
 }
 
 /// The decision for one pass.
@@ -258,15 +272,32 @@ pub enum PodAction {
 pub struct Plan {
     pub action: PodAction,
     pub phase: AgentPhase,
+    /// The cause: the `Ready` condition's and the Event's reason.
+    pub reason: Reason,
     pub message: String,
 }
 
-fn plan_of(action: PodAction, phase: AgentPhase, message: impl Into<String>) -> Plan {
+fn plan_of(
+    action: PodAction,
+    phase: AgentPhase,
+    reason: Reason,
+    message: impl Into<String>,
+) -> Plan {
     Plan {
         action,
         phase,
+        reason,
         message: message.into(),
     }
+}
+
+fn problem(why: &Problem) -> Plan {
+    plan_of(
+        PodAction::Keep,
+        AgentPhase::Error,
+        why.reason(),
+        why.to_string(),
+    )
 }
 
 /// Whether the Agent finished (`Succeeded` or `Failed`, which only `restartPolicy`
@@ -281,27 +312,35 @@ pub fn finished(agent: &Agent) -> bool {
 
 /// Decides the pod action and the phase. `desired` is the pod the Agent should have or
 /// why it cannot have one; `current` is the pod named after the Agent, if any.
-pub fn plan(agent: &Agent, desired: &Result<Pod, String>, current: Option<&PodView>) -> Plan {
+pub fn plan(agent: &Agent, desired: &Result<Pod, Problem>, current: Option<&PodView>) -> Plan {
     use AgentPhase::*;
     if agent.metadata.deletion_timestamp.is_some() {
-        return plan_of(PodAction::Keep, Terminating, "deletion requested");
+        return plan_of(
+            PodAction::Keep,
+            Terminating,
+            Reason::Deleting,
+            "deletion requested",
+        );
     }
     let owned = current.filter(|p| crate::store::is_owned_by(&p.metadata, agent.uid().as_deref()));
     if let Some(p) = current
         && owned.is_none()
     {
-        return plan_of(
-            PodAction::Keep,
-            Error,
-            format!(
-                "pod {:?} exists and is not owned by this Agent",
-                p.name_any()
-            ),
-        );
+        // The pod of an earlier Agent of this name, which the garbage collector removes.
+        if crate::store::controller_of(&p.metadata) == Some((Kind::Agent, &agent.name_any())) {
+            return plan_of(
+                PodAction::Keep,
+                Pending,
+                Reason::PodTerminating,
+                "waiting for the pod of an earlier Agent of this name to go",
+            );
+        }
+        // Never deleted: whoever has the name keeps it.
+        return problem(&problem::pod_not_ours(Kind::Agent, p));
     }
     let desired = match desired {
         // A broken spec leaves a running pod alone: a typo must not take an agent down.
-        Err(why) => return plan_of(PodAction::Keep, Error, why.clone()),
+        Err(why) => return problem(why),
         Ok(d) => d,
     };
     let terminating = owned.is_some_and(|p| p.metadata.deletion_timestamp.is_some());
@@ -311,47 +350,100 @@ pub fn plan(agent: &Agent, desired: &Result<Pod, String>, current: Option<&PodVi
         } else {
             PodAction::Keep
         };
-        return plan_of(action, Paused, "paused");
+        return plan_of(action, Paused, Reason::Paused, "paused");
     }
     let status = agent.status.as_ref();
     // A finished agent stays finished while its pod goes away, and is not restarted.
     if finished(agent) && (owned.is_none() || terminating) {
-        let s = status.map(|s| (s.phase, s.message.clone()));
-        let (phase, message) = s.unwrap_or_default();
-        return plan_of(
-            PodAction::Keep,
-            phase.unwrap_or(Succeeded),
-            message.unwrap_or_default(),
-        );
+        let phase = status.and_then(|s| s.phase).unwrap_or(Succeeded);
+        let message = status.and_then(|s| s.message.clone()).unwrap_or_default();
+        let reason = status
+            .and_then(|s| crate::crd::PhaseStatus::ready_reason(s))
+            .and_then(Reason::parse)
+            .unwrap_or(if phase == Succeeded {
+                Reason::Completed
+            } else {
+                Reason::PodFailed
+            });
+        return plan_of(PodAction::Keep, phase, reason, message);
     }
     let Some(pod) = owned else {
-        return plan_of(PodAction::Create, Pending, "creating pod");
+        return plan_of(PodAction::Create, Pending, Reason::Creating, "creating pod");
     };
     if terminating {
         return plan_of(
             PodAction::Keep,
             Pending,
+            Reason::PodTerminating,
             "waiting for the previous pod to terminate",
         );
     }
     if common::pod_spec_hash(&pod.metadata) != common::pod_spec_hash(&desired.metadata) {
-        return plan_of(PodAction::Delete, Pending, "spec changed: recreating pod");
+        return plan_of(
+            PodAction::Recreate,
+            Pending,
+            Reason::Recreating,
+            "spec changed: recreating pod",
+        );
     }
+    by_health(agent, pod)
+}
+
+/// The plan from the pod's health alone: the Agent's own pod, built from its spec.
+pub fn by_health(agent: &Agent, pod: &PodView) -> Plan {
+    use AgentPhase::*;
     let always = agent.spec.restart_policy == crate::crd::RestartPolicy::Always;
     match common::pod_health(pod) {
-        Health::Ready => plan_of(PodAction::Keep, Active, "running and ready"),
-        Health::Pending(m) => plan_of(PodAction::Keep, Pending, m),
-        Health::Error(m) => plan_of(PodAction::Keep, Error, m),
-        Health::Succeeded if !always => {
-            plan_of(PodAction::Keep, Succeeded, "all containers exited 0")
-        }
-        Health::Failed(m) if !always => plan_of(PodAction::Keep, Failed, m),
+        Health::Ready => plan_of(
+            PodAction::Keep,
+            Active,
+            Reason::Running,
+            "running and ready",
+        ),
+        Health::Pending(r, m) => plan_of(PodAction::Keep, Pending, r, m),
+        Health::Error(r, m) => plan_of(PodAction::Keep, Error, r, m),
+        Health::Succeeded if !always => plan_of(
+            PodAction::Keep,
+            Succeeded,
+            Reason::Completed,
+            "all containers exited 0",
+        ),
+        Health::Failed(r, m) if !always => plan_of(PodAction::Keep, Failed, r, m),
         // restartPolicy Always never ends on its own: an evicted pod is replaced.
-        Health::Succeeded | Health::Failed(_) => {
-            plan_of(PodAction::Delete, Pending, "pod ended: replacing it")
-        }
+        Health::Succeeded | Health::Failed(..) => plan_of(
+            PodAction::Delete,
+            Pending,
+            Reason::Replacing,
+            "pod ended: replacing it",
+        ),
     }
 }
+
+/// The plan of an Agent whose stale pod waits for a roll slot: the pod is kept, and so
+/// are the phase and readiness it gives; the reason and message say it waits. A pod that
+/// ended is replaced at once (nothing running is taken down).
+pub fn wait_to_roll(agent: &Agent, pod: &PodView, max: usize) -> Plan {
+    let now = by_health(agent, pod);
+    if now.action != PodAction::Keep {
+        return now;
+    }
+    Plan {
+        reason: Reason::WaitingToRoll,
+        message: format!("spec changed: waiting to roll ({max} at a time)"),
+        ..now
+    }
+}
+
+/// Whether an Agent in this phase is done with any roll: its new pod is `Active`, or it
+/// no longer wants a pod.
+fn roll_over(phase: AgentPhase) -> bool {
+    use AgentPhase::*;
+    matches!(phase, Active | Paused | Terminating | Succeeded | Failed)
+}
+
+/// How often an Agent waiting for a roll slot looks again, besides being woken when a
+/// slot frees (the queue holds one wake-up per key, so this never piles up).
+const ROLL_RECHECK: Duration = Duration::from_secs(30);
 
 pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Error> {
     let ns = agent.namespace().unwrap_or_default();
@@ -380,18 +472,34 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
     let mut requeue = None;
     if let Some(why) = refused {
         // Without its config Secret the pod cannot start: leave the pod alone, say why.
-        plan = plan_of(PodAction::Keep, AgentPhase::Error, why.to_string());
+        plan = problem(&why.into());
+    }
+    // The roll budget: a stale pod is recreated only with a slot; the others keep it.
+    let key = Key::of(Kind::Agent, &*agent);
+    if plan.action == PodAction::Recreate {
+        if ctx.rolls.admit(&key) == Admit::Wait
+            && let Some(pod) = &current
+        {
+            plan = wait_to_roll(&agent, pod, ctx.rolls.max());
+            requeue = Some(ROLL_RECHECK);
+        }
+    } else if roll_over(plan.phase) || !ctx.rolls.is_rolling(&key) {
+        // Done rolling, or no longer waiting to: a slot may free for the next in line.
+        // (Mid-roll and not yet Active, it keeps its slot.)
+        for next in ctx.rolls.release(&key) {
+            ctx.queue.add(next);
+        }
     }
     match (&plan.action, &desired) {
         (PodAction::Create, Ok(pod)) => {
             if let Some(why) = ctx.kube.create_pod(pod).await?.refused() {
                 // The API server refused the pod itself (an invalid quantity, a quota):
                 // that is the spec's fault; retry slowly in case a quota frees up.
-                plan = plan_of(PodAction::Keep, AgentPhase::Error, why.to_string());
+                plan = problem(&why.into());
                 requeue = Some(Duration::from_secs(60));
             }
         }
-        (PodAction::Delete, _) => {
+        (PodAction::Delete | PodAction::Recreate, _) => {
             if let Some(pod) = &current {
                 ctx.kube.delete_pod(pod).await?;
             }
@@ -442,6 +550,7 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
         &agent.metadata,
         agent.status.as_ref(),
         plan.phase,
+        plan.reason,
         plan.message,
         own,
     );
@@ -481,6 +590,10 @@ mod tests {
             .unwrap()
             .metadata;
         p
+    }
+
+    fn d_never(a: &Agent) -> Result<Pod, Problem> {
+        desired_pod(a, None, &al(Some("agentlet:1")))
     }
 
     const BASE: &str = "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: triage, namespace: team-a}, spec: {runtime: {image: 'rt:1', command: [sleep, '1000']}}}";
@@ -589,17 +702,13 @@ mod tests {
         let a = agent(
             "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: x, namespace: n}, spec: {}}",
         );
-        assert!(
-            desired_pod(&a, None, &al(Some("al")))
-                .unwrap_err()
-                .contains("no runtime image")
-        );
+        let err = desired_pod(&a, None, &al(Some("al"))).unwrap_err();
+        assert_eq!(err, Problem::NoRuntimeImage);
+        assert!(err.to_string().contains("no runtime image"), "{err}");
         let a = agent(BASE);
-        assert!(
-            desired_pod(&a, None, &al(None))
-                .unwrap_err()
-                .contains("no agentlet image")
-        );
+        let err = desired_pod(&a, None, &al(None)).unwrap_err();
+        assert_eq!(err.reason(), Reason::NoAgentletImage);
+        assert!(err.to_string().contains("no agentlet image"), "{err}");
     }
 
     #[test]
@@ -619,6 +728,7 @@ mod tests {
             Plan {
                 action: PodAction::Keep,
                 phase: Active,
+                reason: Reason::Running,
                 message: "running and ready".into()
             }
         );
@@ -627,7 +737,8 @@ mod tests {
             &a,
             "{phase: Running, containerStatuses: [{name: runtime, ready: false, restartCount: 3, image: i, imageID: '', state: {waiting: {reason: CrashLoopBackOff}}}]}",
         );
-        assert_eq!(plan(&a, &d, Some(&crash)).phase, Error);
+        let p = plan(&a, &d, Some(&crash));
+        assert_eq!((p.phase, p.reason), (Error, Reason::CrashLoopBackOff));
 
         let mut paused = a.clone();
         paused.spec.paused = true;
@@ -637,6 +748,7 @@ mod tests {
             Plan {
                 action: PodAction::Keep,
                 phase: Paused,
+                reason: Reason::Paused,
                 message: "paused".into()
             }
         );
@@ -648,21 +760,55 @@ mod tests {
                     k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
                 ),
             ));
-        assert_eq!(plan(&deleting, &d, Some(&ready)).phase, Terminating);
+        let p = plan(&deleting, &d, Some(&ready));
+        assert_eq!((p.phase, p.reason), (Terminating, Reason::Deleting));
 
         let mut stranger = ready.clone();
         stranger.metadata.owner_references = None;
         let p = plan(&a, &d, Some(&stranger));
-        assert_eq!((p.action, p.phase), (PodAction::Keep, Error));
+        assert_eq!(
+            (p.action, p.phase, p.reason),
+            (PodAction::Keep, Error, Reason::PodNotOwned)
+        );
         assert!(p.message.contains("not owned"));
 
-        let broken: Result<Pod, String> = Err("Tool \"x\" not found".into());
+        // A Tool's pod has the Agent's pod's name: left alone, the Tool named.
+        let tool: crate::crd::Tool = serde_saphyr::from_str(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Tool, metadata: {name: triage, namespace: team-a, uid: t1}, spec: {image: i}}",
+        )
+        .unwrap();
+        let mut taken = ready.clone();
+        taken.metadata = super::super::tool::desired_pod(&tool).metadata;
+        let p = plan(&a, &d, Some(&taken));
+        assert_eq!(
+            (p.action, p.phase, p.reason),
+            (PodAction::Keep, Error, Reason::PodNameTaken)
+        );
+        assert!(
+            p.message.contains("belongs to Tool \"triage\""),
+            "{}",
+            p.message
+        );
+        // The pod of an earlier Agent of the same name: wait for it to go.
+        let mut earlier = ready.clone();
+        earlier.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-old".into();
+        let p = plan(&a, &d, Some(&earlier));
+        assert_eq!(
+            (p.action, p.phase, p.reason),
+            (PodAction::Keep, Pending, Reason::PodTerminating)
+        );
+
+        let broken: Result<Pod, Problem> = Err(Problem::ToolNotFound {
+            name: "x".into(),
+            namespace: "team-a".into(),
+        });
         assert_eq!(
             plan(&a, &broken, Some(&ready)),
             Plan {
                 action: PodAction::Keep,
                 phase: Error,
-                message: "Tool \"x\" not found".into()
+                reason: Reason::ToolNotFound,
+                message: "Tool \"x\" not found in namespace team-a".into()
             }
         );
     }
@@ -675,15 +821,44 @@ mod tests {
         let mut changed = a.clone();
         changed.spec.runtime.image = Some("rt:2".into());
         let d = desired_pod(&changed, None, &al(Some("agentlet:1")));
-        assert_eq!(plan(&changed, &d, Some(&old)).action, PodAction::Delete);
+        let p = plan(&changed, &d, Some(&old));
+        assert_eq!(
+            (p.action, p.reason),
+            (PodAction::Recreate, Reason::Recreating)
+        );
+        // Waiting for a roll slot: the pod, its phase and readiness are kept.
+        let ready = owned_pod(
+            &a,
+            "{phase: Running, containerStatuses: [{name: a, ready: true, restartCount: 0, image: i, imageID: ''}]}",
+        );
+        assert_eq!(
+            wait_to_roll(&changed, &ready, 5),
+            Plan {
+                action: PodAction::Keep,
+                phase: Active,
+                reason: Reason::WaitingToRoll,
+                message: "spec changed: waiting to roll (5 at a time)".into()
+            }
+        );
+        let crash = owned_pod(
+            &a,
+            "{phase: Running, containerStatuses: [{name: runtime, ready: false, restartCount: 3, image: i, imageID: '', state: {waiting: {reason: CrashLoopBackOff}}}]}",
+        );
+        let p = wait_to_roll(&changed, &crash, 5);
+        assert_eq!((p.phase, p.reason), (Error, Reason::WaitingToRoll));
+        // An ended pod takes nothing down: replaced at once.
+        let ended = owned_pod(&a, "{phase: Failed, reason: Evicted}");
+        assert_eq!(wait_to_roll(&changed, &ended, 5).action, PodAction::Delete);
 
         let mut never = a.clone();
         never.spec.restart_policy = crate::crd::RestartPolicy::Never;
         let d = desired_pod(&never, None, &al(Some("agentlet:1")));
         let done = owned_pod(&never, "{phase: Succeeded}");
-        assert_eq!(plan(&never, &d, Some(&done)).phase, Succeeded);
+        let p = plan(&never, &d, Some(&done));
+        assert_eq!((p.phase, p.reason), (Succeeded, Reason::Completed));
         let failed = owned_pod(&never, "{phase: Failed}");
-        assert_eq!(plan(&never, &d, Some(&failed)).phase, Failed);
+        let p = plan(&never, &d, Some(&failed));
+        assert_eq!((p.phase, p.reason), (Failed, Reason::PodFailed));
         // Once finished, a vanished pod is not recreated for the same generation.
         never.status = Some(AgentStatus {
             phase: Some(Succeeded),
@@ -700,7 +875,13 @@ mod tests {
         // With Always, an evicted pod is replaced.
         let d = desired_pod(&a, None, &al(Some("agentlet:1")));
         let evicted = owned_pod(&a, "{phase: Failed, reason: Evicted}");
-        assert_eq!(plan(&a, &d, Some(&evicted)).action, PodAction::Delete);
+        let p = plan(&a, &d, Some(&evicted));
+        assert_eq!((p.action, p.reason), (PodAction::Delete, Reason::Replacing));
+        let mut evicted_never = never.clone();
+        evicted_never.status = None;
+        let evicted = owned_pod(&never, "{phase: Failed, reason: Evicted}");
+        let p = plan(&evicted_never, &d_never(&never), Some(&evicted));
+        assert_eq!((p.phase, p.reason), (Failed, Reason::Evicted));
     }
 
     #[test]
@@ -709,7 +890,8 @@ mod tests {
         let a = agent(&format!(
             "{{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {{name: {name}, namespace: n}}, spec: {{}}}}"
         ));
-        let err = common::check_label_value(Kind::Agent, &a.name_any()).unwrap_err();
-        assert!(err.contains("at most 63"), "{err}");
+        let err = problem::check_label_value(Kind::Agent, &a.name_any()).unwrap_err();
+        assert_eq!(err.reason(), Reason::InvalidName);
+        assert!(err.to_string().contains("at most 63"), "{err}");
     }
 }

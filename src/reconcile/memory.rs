@@ -9,10 +9,11 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 
 use super::common;
+use super::problem::{self, Problem};
 use super::{Context, Outcome};
 use crate::Error;
 use crate::cluster::Written;
-use crate::crd::{Kind, Memory, MemoryPhase, MemoryStatus};
+use crate::crd::{Kind, Memory, MemoryPhase, MemoryStatus, Reason};
 
 pub fn secret_name(memory: &str) -> String {
     format!("{memory}-memory")
@@ -28,20 +29,18 @@ pub enum Source {
     Url(String),
     /// Waiting for this Secret to exist.
     Pending(String),
-    Invalid(String),
+    Invalid(Problem),
 }
 
 /// `secret` is the referenced Secret, when there is a `secretRef` and it exists.
 pub fn source(memory: &Memory, secret: Option<&Secret>) -> Source {
-    if let Err(e) = common::check_label_value(Kind::Memory, &memory.name_any()) {
+    if let Err(e) = problem::check_label_value(Kind::Memory, &memory.name_any()) {
         return Source::Invalid(e);
     }
     match (&memory.spec.url, &memory.spec.secret_ref) {
-        (Some(_), Some(_)) => {
-            Source::Invalid("set either spec.url or spec.secretRef, not both".into())
-        }
-        (None, None) => Source::Invalid("set spec.url or spec.secretRef".into()),
-        (Some(url), None) if url.trim().is_empty() => Source::Invalid("spec.url is empty".into()),
+        (Some(_), Some(_)) => Source::Invalid(Problem::UrlAndSecretRef),
+        (None, None) => Source::Invalid(Problem::NoUrl),
+        (Some(url), None) if url.trim().is_empty() => Source::Invalid(Problem::EmptyUrl),
         (Some(url), None) => Source::Url(url.clone()),
         (None, Some(r)) => {
             let Some(secret) = secret else {
@@ -60,11 +59,14 @@ pub fn source(memory: &Memory, secret: Option<&Secret>) -> Source {
                         .map(|s| s.clone().into_bytes())
                 });
             match value.map(String::from_utf8) {
-                None => Source::Invalid(format!("Secret {:?} has no key {:?}", r.name, r.key)),
-                Some(Err(_)) => Source::Invalid(format!(
-                    "key {:?} of Secret {:?} is not UTF-8 text",
-                    r.key, r.name
-                )),
+                None => Source::Invalid(Problem::SecretKeyMissing {
+                    secret: r.name.clone(),
+                    key: r.key.clone(),
+                }),
+                Some(Err(_)) => Source::Invalid(Problem::SecretNotText {
+                    secret: r.name.clone(),
+                    key: r.key.clone(),
+                }),
                 Some(Ok(url)) => Source::Url(url.trim().to_owned()),
             }
         }
@@ -93,24 +95,28 @@ pub async fn reconcile(ctx: &Context, memory: Arc<Memory>) -> Result<Outcome, Er
         None => None,
     };
     let mut outcome = Outcome::default();
-    let (phase, message, secret) = match source(&memory, referenced.as_ref()) {
-        _ if memory.metadata.deletion_timestamp.is_some() => {
-            (MemoryPhase::Pending, "deletion requested".to_owned(), None)
-        }
+    let error = |why: Problem| (MemoryPhase::Error, why.reason(), why.to_string(), None);
+    let (phase, reason, message, secret) = match source(&memory, referenced.as_ref()) {
+        _ if memory.metadata.deletion_timestamp.is_some() => (
+            MemoryPhase::Pending,
+            Reason::Deleting,
+            "deletion requested".to_owned(),
+            None,
+        ),
         Source::Url(url) => {
             let name = secret_name(&memory.name_any());
             let cached = ctx.store.secrets.get(&ns, &name);
             let desired = desired_secret(&memory, &url);
             match ctx.kube.apply(&ns, &desired, cached.as_deref()).await? {
-                Written::Done => (MemoryPhase::Bound, String::new(), Some(name)),
-                Written::Refused(why) => (MemoryPhase::Error, why.to_string(), None),
+                Written::Done => (MemoryPhase::Bound, Reason::Bound, String::new(), Some(name)),
+                Written::Refused(why) => error(why.into()),
             }
         }
         Source::Pending(why) => {
             outcome.requeue = Some(MISSING_SECRET_RECHECK);
-            (MemoryPhase::Pending, why, None)
+            (MemoryPhase::Pending, Reason::SecretNotFound, why, None)
         }
-        Source::Invalid(why) => (MemoryPhase::Error, why, None),
+        Source::Invalid(why) => error(why),
     };
     let old = memory.status.clone().unwrap_or_default();
     let own = MemoryStatus {
@@ -124,6 +130,7 @@ pub async fn reconcile(ctx: &Context, memory: Arc<Memory>) -> Result<Outcome, Er
         &memory.metadata,
         memory.status.as_ref(),
         phase,
+        reason,
         message,
         own,
     );
@@ -163,15 +170,31 @@ mod tests {
             serde_saphyr::from_str("{metadata: {name: creds}, data: {url: cmVkaXM6Ly94}}").unwrap();
         assert_eq!(source(&by_ref, Some(&s)), Source::Url("redis://x".into()));
         let wrong_key = memory("{backend: redis, secretRef: {name: creds, key: nope}}");
-        assert!(matches!(source(&wrong_key, Some(&s)), Source::Invalid(m) if m.contains("no key")));
-        assert!(matches!(
-            source(&memory("{backend: redis}"), None),
-            Source::Invalid(_)
-        ));
-        assert!(matches!(
-            source(&memory("{backend: redis, url: u, secretRef: {name: a, key: b}}"), None),
-            Source::Invalid(m) if m.contains("not both")
-        ));
+        let invalid = |m: &Memory, s: Option<&Secret>| match source(m, s) {
+            Source::Invalid(p) => (p.to_string(), p.reason()),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            invalid(&wrong_key, Some(&s)),
+            (
+                "Secret \"creds\" has no key \"nope\"".into(),
+                Reason::SecretInvalid
+            )
+        );
+        assert_eq!(
+            invalid(&memory("{backend: redis}"), None),
+            ("set spec.url or spec.secretRef".into(), Reason::InvalidSpec)
+        );
+        assert_eq!(
+            invalid(
+                &memory("{backend: redis, url: u, secretRef: {name: a, key: b}}"),
+                None
+            ),
+            (
+                "set either spec.url or spec.secretRef, not both".into(),
+                Reason::InvalidSpec
+            )
+        );
     }
 
     #[test]

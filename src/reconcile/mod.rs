@@ -6,7 +6,9 @@ pub mod agent;
 pub mod common;
 pub mod demand;
 pub mod memory;
+pub mod problem;
 pub mod queue;
+pub mod roll;
 pub mod runtime;
 pub mod tool;
 
@@ -43,6 +45,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// What each Agent demanded last: which Tools an Agent change concerns.
     pub demand: demand::Index,
+    /// The Agents mid-roll and those waiting for a slot (`AUTONOMIC_ROLL_MAX`).
+    pub rolls: roll::Rolls,
 }
 
 impl Context {
@@ -53,6 +57,7 @@ impl Context {
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         Arc::new(Context {
+            rolls: roll::Rolls::new(config.roll_max),
             store,
             kube,
             config,
@@ -76,7 +81,7 @@ impl Context {
             Object::Tool(t) => self.on_tool(t, seen.removed),
             Object::Runtime(r) => self.on_runtime(r),
             Object::Memory(m) => self.on_memory(m),
-            Object::Pod(p) => self.on_child(&p.metadata),
+            Object::Pod(p) => self.on_pod(&p.metadata),
             Object::Service(s) => self.on_child(&s.metadata),
             Object::Secret(s) => self.on_child(&s.metadata),
         }
@@ -142,6 +147,29 @@ impl Context {
         }
     }
 
+    /// A pod's owner, and whoever else wants a pod of that name: an Agent `x-tool` and a
+    /// Tool `x` both want pod `x-tool`. The one without it waits for a change of that pod
+    /// (its removal above all) to try again.
+    fn on_pod(&self, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+        self.on_child(meta);
+        let ns = meta.namespace.clone().unwrap_or_default();
+        let name = meta.name.as_deref().unwrap_or_default();
+        let owner = controller_of(meta);
+        let mut rivals = vec![(Kind::Agent, name)];
+        if let Some(tool) = name.strip_suffix("-tool") {
+            rivals.push((Kind::Tool, tool));
+        }
+        for (kind, rival) in rivals {
+            let exists = match kind {
+                Kind::Agent => self.store.agents.get(&ns, rival).is_some(),
+                _ => self.store.tools.get(&ns, rival).is_some(),
+            };
+            if exists && owner != Some((kind, rival)) {
+                self.queue.add(Key::new(kind, ns.clone(), rival));
+            }
+        }
+    }
+
     /// Queues every custom resource.
     pub fn queue_all(&self) {
         for key in self.store.keys() {
@@ -188,7 +216,13 @@ async fn run_one(ctx: &Arc<Context>, key: Key) {
         match key.kind {
             Kind::Agent => match ctx.store.agents.get(ns, name) {
                 Some(o) => agent::reconcile(ctx, o).await,
-                None => Ok(Outcome::default()),
+                None => {
+                    // Gone: it no longer rolls nor waits to.
+                    for next in ctx.rolls.release(&key) {
+                        ctx.queue.add(next);
+                    }
+                    Ok(Outcome::default())
+                }
             },
             Kind::Tool => match ctx.store.tools.get(ns, name) {
                 Some(o) => tool::reconcile(ctx, o).await,

@@ -5,13 +5,14 @@ use std::sync::Arc;
 use kube::ResourceExt;
 
 use super::common;
+use super::problem::Problem;
 use super::{Context, Outcome};
 use crate::Error;
-use crate::crd::{Runtime, RuntimePhase, RuntimeStatus};
+use crate::crd::{Reason, Runtime, RuntimePhase, RuntimeStatus};
 
-pub fn validate(rt: &Runtime) -> Result<(), String> {
+pub fn validate(rt: &Runtime) -> Result<(), Problem> {
     match rt.spec.image.as_deref().map(str::trim) {
-        None | Some("") => Err("spec.image is not set".into()),
+        None | Some("") => Err(Problem::NoImage),
         Some(_) => Ok(()),
     }
 }
@@ -19,9 +20,9 @@ pub fn validate(rt: &Runtime) -> Result<(), String> {
 pub async fn reconcile(ctx: &Context, rt: Arc<Runtime>) -> Result<Outcome, Error> {
     let ns = rt.namespace().unwrap_or_default();
     let name = rt.name_any();
-    let (phase, message) = match validate(&rt) {
-        Ok(()) => (RuntimePhase::Ready, "valid".to_owned()),
-        Err(why) => (RuntimePhase::Invalid, why),
+    let (phase, reason, message) = match validate(&rt) {
+        Ok(()) => (RuntimePhase::Ready, Reason::Valid, "valid".to_owned()),
+        Err(why) => (RuntimePhase::Invalid, why.reason(), why.to_string()),
     };
     let agents = ctx
         .store
@@ -33,7 +34,14 @@ pub async fn reconcile(ctx: &Context, rt: Arc<Runtime>) -> Result<Outcome, Error
         agents: Some(agents),
         ..Default::default()
     };
-    let status = common::status(&rt.metadata, rt.status.as_ref(), phase, message, own);
+    let status = common::status(
+        &rt.metadata,
+        rt.status.as_ref(),
+        phase,
+        reason,
+        message,
+        own,
+    );
     ctx.kube
         .write_status(&*rt, rt.status.as_ref(), &status)
         .await?;

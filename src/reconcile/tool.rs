@@ -18,9 +18,10 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
 use super::common::{self, Health};
+use super::problem::{self, Problem};
 use super::{Context, Outcome, demand};
 use crate::Error;
-use crate::crd::{Kind, Tool, ToolPhase, ToolStatus};
+use crate::crd::{Kind, Reason, Tool, ToolPhase, ToolStatus};
 use crate::store::PodView;
 
 /// The message of a Tool without users and without a pod.
@@ -41,7 +42,7 @@ pub fn endpoint(tool: &Tool) -> String {
 }
 
 /// What a schema cannot check: the name must serve as a Service name (DNS-1035 label).
-pub fn validate(tool: &Tool) -> Result<(), String> {
+pub fn validate(tool: &Tool) -> Result<(), Problem> {
     let name = tool.name_any();
     let dns1035 = name.len() <= 63
         && name.starts_with(|c: char| c.is_ascii_lowercase())
@@ -50,15 +51,13 @@ pub fn validate(tool: &Tool) -> Result<(), String> {
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
     if !dns1035 {
-        return Err(format!(
-            "name {name:?} cannot name a Service: use at most 63 lowercase letters, digits and '-', starting with a letter"
-        ));
+        return Err(Problem::NotAServiceName { name });
     }
     if tool.spec.image.trim().is_empty() {
-        return Err("spec.image is empty".into());
+        return Err(Problem::NoImage);
     }
     if !(1..=65535).contains(&tool.spec.port) {
-        return Err(format!("spec.port {} is not in 1..65535", tool.spec.port));
+        return Err(Problem::PortOutOfRange(tool.spec.port));
     }
     Ok(())
 }
@@ -152,17 +151,48 @@ pub enum PodAction {
 pub struct Plan {
     pub action: PodAction,
     pub phase: ToolPhase,
+    /// The cause: the `Ready` condition's and the Event's reason.
+    pub reason: Reason,
     pub message: String,
     /// `status.idleSince` to record: set while the pod is kept only by the grace.
     pub idle_since: Option<Timestamp>,
 }
 
-fn plan_of(action: PodAction, phase: ToolPhase, message: impl Into<String>) -> Plan {
+fn plan_of(
+    action: PodAction,
+    phase: ToolPhase,
+    reason: Reason,
+    message: impl Into<String>,
+) -> Plan {
     Plan {
         action,
         phase,
+        reason,
         message: message.into(),
         idle_since: None,
+    }
+}
+
+fn problem(why: &Problem) -> Plan {
+    plan_of(
+        PodAction::Keep,
+        ToolPhase::Error,
+        why.reason(),
+        why.to_string(),
+    )
+}
+
+/// The phase, reason and message a pod's health gives, or `None` when it ended.
+fn by_health(tool: &Tool, pod: &PodView) -> Option<(ToolPhase, Reason, String)> {
+    match common::pod_health(pod) {
+        Health::Ready => Some((
+            ToolPhase::Ready,
+            Reason::Serving,
+            format!("serving at {}", endpoint(tool)),
+        )),
+        Health::Pending(r, m) => Some((ToolPhase::Pending, r, m)),
+        Health::Error(r, m) => Some((ToolPhase::Error, r, m)),
+        Health::Succeeded | Health::Failed(..) => None,
     }
 }
 
@@ -188,10 +218,10 @@ pub fn plan(tool: &Tool, current: Option<&PodView>, demand: Demand, now: Timesta
     use PodAction::*;
     use ToolPhase::*;
     if tool.metadata.deletion_timestamp.is_some() {
-        return plan_of(Keep, Pending, "deletion requested");
+        return plan_of(Keep, Pending, Reason::Deleting, "deletion requested");
     }
     if let Err(why) = validate(tool) {
-        return plan_of(Keep, Error, why);
+        return problem(&why);
     }
     let live = current.filter(|p| p.metadata.deletion_timestamp.is_none());
     // The pod was built from another spec than the Tool's now.
@@ -202,13 +232,14 @@ pub fn plan(tool: &Tool, current: Option<&PodView>, demand: Demand, now: Timesta
         return plan_of(
             if live.is_some() { Delete } else { Keep },
             Disabled,
+            Reason::Disabled,
             "disabled",
         );
     }
     let wanted = tool.spec.always_on || demand.users > 0;
     if !wanted {
         let Some(pod) = live else {
-            return plan_of(Keep, Pending, IDLE);
+            return plan_of(Keep, Pending, Reason::Idle, IDLE);
         };
         // The grace: from the recorded start, unless it lies ahead of this clock (another
         // replica's clock ran ahead): then from now, so the pod never waits past a full
@@ -217,41 +248,50 @@ pub fn plan(tool: &Tool, current: Option<&PodView>, demand: Demand, now: Timesta
         let since = demand.idle_since.filter(|s| *s <= start).unwrap_or(start);
         let grace = SignedDuration::from_secs(tool.spec.idle_seconds.clamp(0, 86_400));
         let until = since.checked_add(grace).unwrap_or(since);
-        let (phase, state) = match common::pod_health(pod) {
-            Health::Ready => (Ready, format!("serving at {}", endpoint(tool))),
-            Health::Pending(m) => (Pending, m),
-            Health::Error(m) => (Error, m),
-            // Ended: not replaced for no one.
-            Health::Succeeded | Health::Failed(_) => return plan_of(Delete, Pending, IDLE),
+        // Ended: not replaced for no one.
+        let Some((phase, reason, state)) = by_health(tool, pod) else {
+            return plan_of(Delete, Pending, Reason::Idle, IDLE);
         };
         // Past the grace, or built from an old spec (not rebuilt for no one).
         if now >= until || stale {
-            return plan_of(Delete, Pending, IDLE);
+            return plan_of(Delete, Pending, Reason::Idle, IDLE);
         }
         return Plan {
             action: WaitUntil(until),
             phase,
+            reason,
             message: format!("{IDLE}: pod removed at {until} unless one returns ({state})"),
             idle_since: Some(since),
         };
     }
     let Some(pod) = current else {
-        return plan_of(Create, Pending, "creating pod");
+        return plan_of(Create, Pending, Reason::Creating, "creating pod");
     };
     if live.is_none() {
-        return plan_of(Keep, Pending, "waiting for the previous pod to terminate");
+        return plan_of(
+            Keep,
+            Pending,
+            Reason::PodTerminating,
+            "waiting for the previous pod to terminate",
+        );
     }
     if stale {
-        return plan_of(Delete, Pending, "spec changed: recreating pod");
+        return plan_of(
+            Delete,
+            Pending,
+            Reason::Recreating,
+            "spec changed: recreating pod",
+        );
     }
-    match common::pod_health(pod) {
-        Health::Ready => plan_of(Keep, Ready, format!("serving at {}", endpoint(tool))),
-        Health::Pending(m) => plan_of(Keep, Pending, m),
-        Health::Error(m) => plan_of(Keep, Error, m),
+    match by_health(tool, pod) {
+        Some((phase, reason, message)) => plan_of(Keep, phase, reason, message),
         // A tool is a server: if it ends, it is replaced.
-        Health::Succeeded | Health::Failed(_) => {
-            plan_of(Delete, Pending, "pod ended: replacing it")
-        }
+        None => plan_of(
+            Delete,
+            Pending,
+            Reason::Replacing,
+            "pod ended: replacing it",
+        ),
     }
 }
 
@@ -291,14 +331,30 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
         // Leave the pod alone and the grace as it was; say why.
         plan = Plan {
             idle_since: demand.idle_since,
-            ..plan_of(PodAction::Keep, ToolPhase::Error, why.to_string())
+            ..problem(&why.into())
+        };
+    }
+    // The pod's name is held by another of our pods (an Agent named `<tool>-tool`):
+    // whoever has it keeps it; a watch event of that pod requeues this Tool.
+    if plan.action == PodAction::Create
+        && let Some(holder) = ctx.store.pods.get(&ns, &pod_name(&name))
+    {
+        plan = if crate::store::controller_of(&holder.metadata) == Some((Kind::Tool, &name)) {
+            plan_of(
+                PodAction::Keep,
+                ToolPhase::Pending,
+                Reason::PodTerminating,
+                "waiting for the pod of an earlier Tool of this name to go",
+            )
+        } else {
+            problem(&problem::pod_not_ours(Kind::Tool, &holder))
         };
     }
     match plan.action {
         PodAction::Create => {
             if let Some(why) = ctx.kube.create_pod(&desired_pod(&tool)).await?.refused() {
                 // The API server refused the pod itself; retry slowly (a quota may free up).
-                plan = plan_of(PodAction::Keep, ToolPhase::Error, why.to_string());
+                plan = problem(&why.into());
                 requeue = Some(Duration::from_secs(60));
             }
         }
@@ -333,6 +389,7 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
         &tool.metadata,
         tool.status.as_ref(),
         phase,
+        plan.reason,
         plan.message,
         own,
     );
@@ -480,6 +537,46 @@ mod tests {
         assert_eq!(idle.message, IDLE);
     }
 
+    /// The cause each decision gives, for the `Ready` condition and the Events.
+    #[test]
+    fn reasons_follow_the_cause() {
+        let base = tool("search", 8080);
+        let mut disabled = base.clone();
+        disabled.spec.disabled = true;
+        let mut deleting = base.clone();
+        deleting.metadata.deletion_timestamp = Some(Time(at(0)));
+        let mut invalid = base.clone();
+        invalid.spec.image = " ".into();
+        let ready = pod(&base, READY);
+        let crash = pod(&base, CRASH);
+        let stale = {
+            let mut old = base.clone();
+            old.spec.image = "srv:0".into();
+            pod(&old, READY)
+        };
+        let failed = pod(&base, "{phase: Failed}");
+        let demand = |users| Demand {
+            users,
+            idle_since: None,
+        };
+        let cases = [
+            (&base, None, 0, Reason::Idle),
+            (&base, None, 1, Reason::Creating),
+            (&base, Some(&ready), 1, Reason::Serving),
+            (&base, Some(&ready), 0, Reason::Serving),
+            (&base, Some(&crash), 1, Reason::CrashLoopBackOff),
+            (&base, Some(&stale), 1, Reason::Recreating),
+            (&base, Some(&failed), 1, Reason::Replacing),
+            (&disabled, Some(&ready), 1, Reason::Disabled),
+            (&deleting, Some(&ready), 1, Reason::Deleting),
+            (&invalid, None, 1, Reason::NoImage),
+        ];
+        for (i, (t, current, users, want)) in cases.into_iter().enumerate() {
+            let p = plan(t, current, demand(users), at(0));
+            assert_eq!(p.reason, want, "case {i}: {p:?}");
+        }
+    }
+
     #[test]
     fn spec_defaults() {
         let t = tool("x", 80);
@@ -496,6 +593,14 @@ mod tests {
             assert!(validate(&tool(bad, 80)).is_err(), "{bad}");
         }
         assert!(validate(&tool(&"x".repeat(63), 80)).is_ok());
-        assert!(validate(&tool("ok", 0)).unwrap_err().contains("port"));
+        let err = validate(&tool("ok", 0)).unwrap_err();
+        assert_eq!(
+            (err.to_string().as_str(), err.reason()),
+            ("spec.port 0 is not in 1..65535", Reason::InvalidSpec)
+        );
+        assert_eq!(
+            validate(&tool("9lives", 80)).unwrap_err().reason(),
+            Reason::InvalidName
+        );
     }
 }

@@ -1,0 +1,244 @@
+//! The closed set of reasons of the `Ready` condition (and of the manager's Events):
+//! the cause of the state, not the phase's name again. CamelCase, as the Kubernetes API
+//! conventions ask; the README's "Condition and Event reasons" table lists them.
+
+/// Why an object is in its phase. A reason is part of the API: renaming one breaks
+/// users' alerts and `kubectl wait --for=condition` scripts, so add, never rename.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Reason {
+    // Ready (condition True).
+    /// Agent: its pod runs and every container is ready.
+    Running,
+    /// Tool: its pod runs and accepts connections.
+    Serving,
+    /// Runtime: a usable template.
+    Valid,
+    /// Memory: its Secret is written.
+    Bound,
+
+    // On the way, or at rest (condition False, Normal Events).
+    /// The manager is creating the pod.
+    Creating,
+    /// The pod exists and waits for a node.
+    Scheduling,
+    /// The scheduler found no node for the pod.
+    Unschedulable,
+    /// A container is being created (image pull, volumes, init containers).
+    ContainerCreating,
+    /// A container runs but is not ready yet.
+    ContainersNotReady,
+    /// The pod was built from another spec: the manager deleted it to recreate it.
+    Recreating,
+    /// The pod was built from another spec and waits for its turn to be recreated
+    /// (at most `AUTONOMIC_ROLL_MAX` Agents roll at once); the pod keeps running.
+    WaitingToRoll,
+    /// The previous pod is still terminating.
+    PodTerminating,
+    /// The pod ended although `restartPolicy` is `Always` (e.g. evicted): replaced.
+    Replacing,
+    /// `spec.paused`.
+    Paused,
+    /// Tool `spec.disabled`.
+    Disabled,
+    /// Tool: no Agent uses it and no pod runs.
+    Idle,
+    /// Every container exited 0 (`restartPolicy` not `Always`).
+    Completed,
+    /// Memory: the Secret its `secretRef` names does not exist (yet).
+    SecretNotFound,
+    /// The object is being deleted (condition Unknown).
+    Deleting,
+
+    // Errors (condition False, Warning Events).
+    /// A name that cannot be a label value or a Service name.
+    InvalidName,
+    /// A spec the schema lets through but the manager cannot use.
+    InvalidSpec,
+    /// Runtime without an image.
+    NoImage,
+    RuntimeNotFound,
+    RuntimeInvalid,
+    ToolNotFound,
+    MemoryNotFound,
+    /// Agent: neither it nor its Runtime names a runtime image.
+    NoRuntimeImage,
+    /// Agent: no agentlet image, and no default on the manager.
+    NoAgentletImage,
+    /// Memory: the referenced Secret lacks the key, or its value is not text.
+    SecretInvalid,
+    /// A same-named object exists that the manager does not own: never taken over.
+    PodNotOwned,
+    SecretNotOwned,
+    ServiceNotOwned,
+    /// The API server refused the object the manager built (a quantity, a quota, an
+    /// admission policy).
+    PodRejected,
+    SecretRejected,
+    ServiceRejected,
+    /// The pod's name is the one another custom resource's pod has (an Agent `x-tool`
+    /// and a Tool `x`): whoever has it keeps it.
+    PodNameTaken,
+    // A container's waiting reason, as the kubelet says it.
+    ImagePullBackOff,
+    ErrImagePull,
+    InvalidImageName,
+    CrashLoopBackOff,
+    CreateContainerConfigError,
+    CreateContainerError,
+    /// The pod failed (a container exited non-zero, `restartPolicy` not `Always`).
+    PodFailed,
+    /// The kubelet evicted the pod.
+    Evicted,
+}
+
+impl Reason {
+    /// Every reason, for the documentation test.
+    pub const ALL: [Reason; 44] = {
+        use Reason::*;
+        [
+            Running,
+            Serving,
+            Valid,
+            Bound,
+            Creating,
+            Scheduling,
+            Unschedulable,
+            ContainerCreating,
+            ContainersNotReady,
+            Recreating,
+            WaitingToRoll,
+            PodTerminating,
+            Replacing,
+            Paused,
+            Disabled,
+            Idle,
+            Completed,
+            SecretNotFound,
+            Deleting,
+            InvalidName,
+            InvalidSpec,
+            NoImage,
+            RuntimeNotFound,
+            RuntimeInvalid,
+            ToolNotFound,
+            MemoryNotFound,
+            NoRuntimeImage,
+            NoAgentletImage,
+            SecretInvalid,
+            PodNotOwned,
+            SecretNotOwned,
+            ServiceNotOwned,
+            PodRejected,
+            SecretRejected,
+            ServiceRejected,
+            PodNameTaken,
+            ImagePullBackOff,
+            ErrImagePull,
+            InvalidImageName,
+            CrashLoopBackOff,
+            CreateContainerConfigError,
+            CreateContainerError,
+            PodFailed,
+            Evicted,
+        ]
+    };
+
+    pub fn as_str(self) -> &'static str {
+        use Reason::*;
+        match self {
+            Running => "Running",
+            Serving => "Serving",
+            Valid => "Valid",
+            Bound => "Bound",
+            Creating => "Creating",
+            Scheduling => "Scheduling",
+            Unschedulable => "Unschedulable",
+            ContainerCreating => "ContainerCreating",
+            ContainersNotReady => "ContainersNotReady",
+            Recreating => "Recreating",
+            WaitingToRoll => "WaitingToRoll",
+            PodTerminating => "PodTerminating",
+            Replacing => "Replacing",
+            Paused => "Paused",
+            Disabled => "Disabled",
+            Idle => "Idle",
+            Completed => "Completed",
+            SecretNotFound => "SecretNotFound",
+            Deleting => "Deleting",
+            InvalidName => "InvalidName",
+            InvalidSpec => "InvalidSpec",
+            NoImage => "NoImage",
+            RuntimeNotFound => "RuntimeNotFound",
+            RuntimeInvalid => "RuntimeInvalid",
+            ToolNotFound => "ToolNotFound",
+            MemoryNotFound => "MemoryNotFound",
+            NoRuntimeImage => "NoRuntimeImage",
+            NoAgentletImage => "NoAgentletImage",
+            SecretInvalid => "SecretInvalid",
+            PodNotOwned => "PodNotOwned",
+            SecretNotOwned => "SecretNotOwned",
+            ServiceNotOwned => "ServiceNotOwned",
+            PodRejected => "PodRejected",
+            SecretRejected => "SecretRejected",
+            ServiceRejected => "ServiceRejected",
+            PodNameTaken => "PodNameTaken",
+            ImagePullBackOff => "ImagePullBackOff",
+            ErrImagePull => "ErrImagePull",
+            InvalidImageName => "InvalidImageName",
+            CrashLoopBackOff => "CrashLoopBackOff",
+            CreateContainerConfigError => "CreateContainerConfigError",
+            CreateContainerError => "CreateContainerError",
+            PodFailed => "PodFailed",
+            Evicted => "Evicted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+
+    /// Whether the reason says something is wrong or stuck: every error's cause, and
+    /// `Unschedulable` (the phase is still `Pending`, but it will not move on its own).
+    /// Such a cause is news when it appears (a Warning Event), whatever the phase.
+    pub fn is_trouble(self) -> bool {
+        use Reason::*;
+        !matches!(
+            self,
+            Running
+                | Serving
+                | Valid
+                | Bound
+                | Creating
+                | Scheduling
+                | ContainerCreating
+                | ContainersNotReady
+                | Recreating
+                | WaitingToRoll
+                | PodTerminating
+                | Replacing
+                | Paused
+                | Disabled
+                | Idle
+                | Completed
+                | SecretNotFound
+                | Deleting
+        )
+    }
+
+    /// The same cause for an Event's purpose: the kubelet flips a pull failure between
+    /// `ErrImagePull` and `ImagePullBackOff` at every retry, which is not news.
+    pub fn same_cause(self, other: Reason) -> bool {
+        use Reason::*;
+        let family = |r| match r {
+            ErrImagePull | ImagePullBackOff => ImagePullBackOff,
+            r => r,
+        };
+        family(self) == family(other)
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
