@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use autonomic_manager::crd::{Agent, AgentPhase, Runtime};
 use kube::api::PostParams;
-use serde_json::Value;
+use serde_json::{Value, json};
 use support::fake_cp::{FakeCp, Received};
 use support::faults::{Fault, FaultProxy};
 use support::*;
@@ -224,9 +224,9 @@ fn sorted(mut names: Vec<String>) -> Vec<String> {
 }
 
 /// (a2) A black hole after N bytes: the connection stays open and takes everything, but
-/// past 20 more bytes each way nothing arrives anywhere, so the frames in flight (the
-/// control plane's heartbeat one way, the manager's heartbeat and a delta the other) are
-/// cut in the middle. The manager's writes all succeed (the proxy reads them), so only
+/// past 20 more bytes each way nothing arrives anywhere, so the frames in flight (one of
+/// the control plane's one way, the manager's delta or heartbeat the other) are cut in
+/// the middle. The manager's writes all succeed (the proxy reads them), so only
 /// the silence can tell: the link is found dead within 3 heartbeat intervals of the
 /// last whole frame, and the next connection's snapshot equals the cluster's state,
 /// with a Runtime created and one deleted while the link was a black hole.
@@ -240,19 +240,28 @@ async fn a_black_hole_after_n_bytes_mid_frame_is_found_dead_and_the_next_snapsho
     let cp = FakeCp::start().await;
     let heartbeat = Duration::from_secs(2);
     cp.set_welcome(heartbeat.as_secs(), 300);
-    // The control plane talks on its own too, so bytes flow its way into the hole.
-    cp.set_heartbeat_every(Some(heartbeat));
     let (proxy, m) = start_proxied(&ns.name, &cp);
     let snap = cp
         .wait_frame("snapshot on connection 1", is_on("snapshot", 1))
         .await;
     assert_eq!(sorted(names_in(&snap)), cluster_names(&ns).await);
+    // As in (a): a heartbeat answered at once is the last whole frame the manager gets;
+    // the hole opens half a second later, so dead is due 5.5 s into it.
+    let now = Instant::now();
+    let beat = cp
+        .wait_frame("a heartbeat", |r| {
+            r.conn == 1 && r.at > now && r.frame_type() == Some("heartbeat")
+        })
+        .await;
+    tokio::time::sleep_until(beat.at + Duration::from_millis(500)).await;
 
     let n = 20;
     proxy.set(Fault::BlackHoleAfter(n));
     let holed_at = Instant::now();
-    // A delta (hundreds of bytes) is cut after at most 20 bytes; so is a heartbeat
-    // (about 60): mid-frame, both ways.
+    // Cut after 20 bytes, mid-frame, both ways: a frame of the control plane's, and
+    // the manager's delta (hundreds of bytes) or next heartbeat (about 60).
+    cp.send(json!({"type": "error", "code": "c", "message": "m".repeat(200)}))
+        .await;
     runtime(&ns, "made-in-the-hole").await;
     ns.api::<Runtime>()
         .delete("deleted-in-the-hole", &Default::default())
