@@ -29,7 +29,8 @@ const LIST_PAGE: u32 = 100;
 /// ours, and a page is held whole (its JSON, then the decoded objects) before the cache
 /// takes it: a page of 100 such Secrets took a starting manager to a 273 MiB peak, past
 /// its 128Mi limit, at every restart (`tests/hostile.rs`). 8 keep a page under 20 MiB;
-/// the cost is a list request per 8 Secrets (one per Agent) at start and relist.
+/// the cost is a list request per 8 Secrets (one per Agent) at start and relist: on the
+/// test bed 2.5 ms each, 0.31 ms a Secret against 0.18 ms at 100 a page.
 const SECRET_PAGE: u32 = 8;
 
 /// One object a watch saw, of any watched type.
