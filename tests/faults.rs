@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use autonomic_manager::crd::{Agent, AgentPhase, Runtime};
 use kube::api::PostParams;
-use serde_json::Value;
+use serde_json::{Value, json};
 use support::fake_cp::{FakeCp, Received};
 use support::faults::{Fault, FaultProxy};
 use support::*;
@@ -192,6 +192,120 @@ async fn a_stalled_control_plane_is_found_dead_and_the_next_snapshot_has_what_ch
     assert_eq!(types[..2], ["hello", "snapshot"], "connection 2: {types:?}");
     m.wait_ready().await;
     assert!(m.metric("autonomic_reconnects_total").await >= 1.0);
+    assert_eq!(m.metric("autonomic_connected").await, 1.0);
+}
+
+/// The kinds and names of every custom resource in `ns`, read from the API server:
+/// what a snapshot of that namespace must hold, neither more nor less.
+async fn cluster_names(ns: &TestNamespace) -> Vec<String> {
+    use autonomic_manager::crd::{Memory, Tool};
+    use kube::ResourceExt;
+    let lp = kube::api::ListParams::default();
+    let mut names = Vec::new();
+    for a in ns.api::<Agent>().list(&lp).await.unwrap() {
+        names.push(format!("Agent/{}", a.name_any()));
+    }
+    for t in ns.api::<Tool>().list(&lp).await.unwrap() {
+        names.push(format!("Tool/{}", t.name_any()));
+    }
+    for r in ns.api::<Runtime>().list(&lp).await.unwrap() {
+        names.push(format!("Runtime/{}", r.name_any()));
+    }
+    for m in ns.api::<Memory>().list(&lp).await.unwrap() {
+        names.push(format!("Memory/{}", m.name_any()));
+    }
+    names.sort();
+    names
+}
+
+fn sorted(mut names: Vec<String>) -> Vec<String> {
+    names.sort();
+    names
+}
+
+/// (a2) A black hole after N bytes: the connection stays open and takes everything, but
+/// past 20 more bytes each way nothing arrives anywhere, so the frames in flight (one of
+/// the control plane's one way, the manager's delta or heartbeat the other) are cut in
+/// the middle. The manager's writes all succeed (the proxy reads them), so only
+/// the silence can tell: the link is found dead within 3 heartbeat intervals of the
+/// last whole frame, and the next connection's snapshot equals the cluster's state,
+/// with a Runtime created and one deleted while the link was a black hole.
+#[tokio::test]
+async fn a_black_hole_after_n_bytes_mid_frame_is_found_dead_and_the_next_snapshot_equals_the_cluster()
+ {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ft-nbytes").await;
+    runtime(&ns, "kept").await;
+    runtime(&ns, "deleted-in-the-hole").await;
+    let cp = FakeCp::start().await;
+    let heartbeat = Duration::from_secs(2);
+    cp.set_welcome(heartbeat.as_secs(), 300);
+    let (proxy, m) = start_proxied(&ns.name, &cp);
+    let snap = cp
+        .wait_frame("snapshot on connection 1", is_on("snapshot", 1))
+        .await;
+    assert_eq!(sorted(names_in(&snap)), cluster_names(&ns).await);
+    // As in (a): a heartbeat answered at once is the last whole frame the manager gets;
+    // the hole opens half a second later, so dead is due 5.5 s into it.
+    let now = Instant::now();
+    let beat = cp
+        .wait_frame("a heartbeat", |r| {
+            r.conn == 1 && r.at > now && r.frame_type() == Some("heartbeat")
+        })
+        .await;
+    tokio::time::sleep_until(beat.at + Duration::from_millis(500)).await;
+
+    let n = 20;
+    proxy.set(Fault::BlackHoleAfter(n));
+    let holed_at = Instant::now();
+    // Cut after 20 bytes, mid-frame, both ways: a frame of the control plane's, and
+    // the manager's delta (hundreds of bytes) or next heartbeat (about 60).
+    cp.send(json!({"type": "error", "code": "c", "message": "m".repeat(200)}))
+        .await;
+    runtime(&ns, "made-in-the-hole").await;
+    ns.api::<Runtime>()
+        .delete("deleted-in-the-hole", &Default::default())
+        .await
+        .expect("delete runtime");
+    wait_until("both directions of the connection swallowing", || async {
+        proxy.swallowing() >= 2
+    })
+    .await;
+    // The live connection stays a black hole; new connections pass.
+    proxy.set(Fault::Pass);
+    let line = wait_logged(&m, DEAD, 1, Duration::from_secs(20), "the black hole").await;
+    let took = holed_at.elapsed();
+    eprintln!(
+        "black hole after {n} bytes found dead after {took:?} (heartbeat {heartbeat:?}), {} bytes swallowed: {line}",
+        proxy.swallowed()
+    );
+    assert!(
+        took <= heartbeat * 3,
+        "the black-holed link was declared dead only after {took:?}, bound 3 × {heartbeat:?}"
+    );
+    assert!(proxy.swallowed() > 0);
+    let on_1: Vec<Received> = cp.frames().into_iter().filter(|r| r.conn == 1).collect();
+    assert!(
+        !on_1.iter().any(|r| r
+            .json()
+            .is_some_and(|j| j.to_string().contains("made-in-the-hole"))),
+        "a delta passed the black hole"
+    );
+
+    let snap = cp
+        .wait_frame("snapshot on connection 2", is_on("snapshot", 2))
+        .await;
+    assert_eq!(json_of(&snap)["seq"], 1);
+    assert_eq!(types_on(&cp, 2)[..2], ["hello", "snapshot"]);
+    let cluster = cluster_names(&ns).await;
+    assert_eq!(
+        sorted(names_in(&snap)),
+        cluster,
+        "the snapshot after the black hole is not the cluster's state"
+    );
+    assert!(cluster.contains(&"Runtime/made-in-the-hole".to_owned()));
+    assert!(!cluster.contains(&"Runtime/deleted-in-the-hole".to_owned()));
+    m.wait_ready().await;
     assert_eq!(m.metric("autonomic_connected").await, 1.0);
 }
 

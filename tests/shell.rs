@@ -213,13 +213,12 @@ async fn a_flood_stalls_neither_other_sessions_nor_heartbeats_and_close_ends_it(
             assert!(!out.contains(&format!("c{other}-ok")), "channels mixed");
         }
     }
-    // Heartbeats keep leaving every second meanwhile.
-    wait_until("3 heartbeats during the flood", || async {
+    // The heartbeats' schedule under a flood is asserted to the instant in process, on
+    // the paused clock (`connect::session` tests); here, the real exec's: still flowing.
+    wait_until("a heartbeat during the flood", || async {
         cp.frames()
             .iter()
-            .filter(|f| f.at > since && f.frame_type() == Some("heartbeat"))
-            .count()
-            >= 3
+            .any(|f| f.at > since && f.frame_type() == Some("heartbeat"))
     })
     .await;
     assert_eq!(m.metric("autonomic_shell_sessions_open").await, 3.0);

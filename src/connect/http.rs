@@ -17,13 +17,17 @@ use super::socket::{DialError, tcp, tls, tls_config};
 use super::{control, read_token, wire};
 use crate::audit::now_rfc3339;
 use crate::config::Token;
-use crate::connect::frame::{Audit, Delta, Heartbeat, Snapshot};
+use crate::connect::frame::{Audit, ControlResult, Delta, Heartbeat, Snapshot};
 
 /// A control plane that accepts and never answers must not stall reporting.
 const POST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Largest answer read; anything bigger is a misbehaving peer.
 const MAX_ANSWER: usize = 16 << 20;
+
+/// `control` requests of one answer carried out; the rest are answered `ok: false` at
+/// once (each may take 10 s of API server time, and they run one after the other).
+const MAX_CONTROLS: usize = 8;
 
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
@@ -62,11 +66,45 @@ async fn post(ctx: &Context, token: &Token, body: &str) -> Result<(u16, Vec<u8>)
     if answer.len() > MAX_ANSWER {
         return Err(DialError::Handshake("answer larger than 16 MiB".into()));
     }
-    parse_response(&answer).map_err(|e| DialError::Handshake(format!("bad HTTP answer: {e}")))
+    into_body(answer).map_err(|e| DialError::Handshake(format!("bad HTTP answer: {e}")))
+}
+
+/// Where an answer's body is.
+enum Body {
+    /// These bytes of the answer.
+    Plain(std::ops::Range<usize>),
+    /// Chunked, from this byte on.
+    Chunked(usize),
 }
 
 /// Status and body of an HTTP/1.1 answer read to its end (`Connection: close`).
+#[cfg(test)]
 pub fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
+    let (status, body) = split_response(raw)?;
+    let body = match body {
+        Body::Plain(range) => raw[range].to_vec(),
+        Body::Chunked(start) => dechunk(&raw[start..])?,
+    };
+    Ok((status, body))
+}
+
+/// As `parse_response`, keeping the answer's own buffer for the body when it is not
+/// chunked: a 16 MiB answer is not held twice.
+fn into_body(mut raw: Vec<u8>) -> Result<(u16, Vec<u8>), String> {
+    let (status, body) = split_response(&raw)?;
+    let body = match body {
+        Body::Plain(range) => {
+            raw.truncate(range.end);
+            raw.drain(..range.start);
+            raw
+        }
+        Body::Chunked(start) => dechunk(&raw[start..])?,
+    };
+    Ok((status, body))
+}
+
+/// The status and where the body is.
+fn split_response(raw: &[u8]) -> Result<(u16, Body), String> {
     let head_end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -91,32 +129,136 @@ pub fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
             length = Some(v.parse::<usize>().map_err(|_| "bad content-length")?);
         }
     }
-    let mut body = &raw[head_end + 4..];
+    let start = head_end + 4;
     if chunked {
-        let mut out = Vec::new();
-        loop {
-            let line_end = body
-                .windows(2)
-                .position(|w| w == b"\r\n")
-                .ok_or("truncated chunk")?;
-            let size_text = std::str::from_utf8(&body[..line_end]).map_err(|_| "bad chunk size")?;
-            let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
-                .map_err(|_| "bad chunk size")?;
-            body = &body[line_end + 2..];
-            if size == 0 {
-                return Ok((status, out));
-            }
-            if body.len() < size {
-                return Err("truncated chunk".into());
-            }
-            out.extend_from_slice(&body[..size]);
-            body = body.get(size + 2..).unwrap_or_default();
+        return Ok((status, Body::Chunked(start)));
+    }
+    let end = match length {
+        Some(n) if raw.len() - start < n => return Err("body shorter than content-length".into()),
+        Some(n) => start + n,
+        None => raw.len(),
+    };
+    Ok((status, Body::Plain(start..end)))
+}
+
+/// A chunked body's bytes.
+fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = body
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or("truncated chunk")?;
+        let size_text = std::str::from_utf8(&body[..line_end]).map_err(|_| "bad chunk size")?;
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+            .map_err(|_| "bad chunk size")?;
+        body = &body[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
         }
+        if body.len() < size {
+            return Err("truncated chunk".into());
+        }
+        out.extend_from_slice(&body[..size]);
+        body = body.get(size + 2..).unwrap_or_default();
     }
-    if let Some(n) = length {
-        body = body.get(..n).ok_or("body shorter than content-length")?;
+}
+
+/// The elements of the JSON array `text`, each as its own text, found without building
+/// a tree of the whole: 16 MiB of `[0,0,…]` would be a tree of hundreds of MiB. Only
+/// the array's frame is checked here (strings and escapes, nesting, commas); each
+/// element is decoded on its own, and refused past the frame limit like a WebSocket
+/// message. Yields an error, then stops, where the structure breaks.
+pub(crate) struct Elements<'a> {
+    text: &'a str,
+    pos: usize,
+    done: bool,
+}
+
+impl<'a> Elements<'a> {
+    pub(crate) fn new(text: &'a str) -> Elements<'a> {
+        let trimmed = text.trim_start();
+        let pos = text.len() - trimmed.len();
+        let (pos, done) = match trimmed.as_bytes().first() {
+            Some(b'[') => match trimmed[1..].trim_start().as_bytes().first() {
+                // `[]`: no element; the tail is checked below.
+                Some(b']') => (text.len() - trimmed[1..].trim_start().len() + 1, true),
+                _ => (pos + 1, false),
+            },
+            _ => (usize::MAX, false),
+        };
+        Elements { text, pos, done }
     }
-    Ok((status, body.to_vec()))
+
+    /// Checks the whole array's structure, building nothing; the number of elements.
+    pub(crate) fn count(text: &str) -> Result<usize, &'static str> {
+        let mut n = 0;
+        let mut it = Elements::new(text);
+        for e in &mut it {
+            e?;
+            n += 1;
+        }
+        if it.pos == usize::MAX {
+            return Err("not a JSON array");
+        }
+        if !text[it.pos..].trim().is_empty() {
+            return Err("text after the array");
+        }
+        Ok(n)
+    }
+}
+
+impl<'a> Iterator for Elements<'a> {
+    type Item = Result<&'a str, &'static str>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done || self.pos == usize::MAX {
+            return None;
+        }
+        let bytes = self.text.as_bytes();
+        let start = self.pos;
+        let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+        for (i, &b) in bytes.iter().enumerate().skip(start) {
+            if in_string {
+                if escaped {
+                    escaped = false;
+                } else if b == b'\\' {
+                    escaped = true;
+                } else if b == b'"' {
+                    in_string = false;
+                }
+                continue;
+            }
+            let last = match b {
+                b'"' => {
+                    in_string = true;
+                    continue;
+                }
+                b'[' | b'{' => {
+                    depth += 1;
+                    continue;
+                }
+                b']' | b'}' if depth > 0 => {
+                    depth -= 1;
+                    continue;
+                }
+                b']' => true,
+                b'}' => break,
+                b',' if depth == 0 => false,
+                _ => continue,
+            };
+            let element = self.text[start..i].trim();
+            self.pos = i + 1;
+            self.done = last;
+            if element.is_empty() {
+                self.done = true;
+                return Some(Err("an empty element"));
+            }
+            return Some(Ok(element));
+        }
+        self.done = true;
+        Some(Err("unbalanced or unterminated array"))
+    }
 }
 
 /// What a report cycle keeps between posts.
@@ -159,20 +301,49 @@ impl Reporter {
         }))
     }
 
-    /// Acts on the frames of an answer.
-    async fn absorb(&mut self, ctx: &Context, frames: Vec<Frame>) {
-        for f in frames {
+    /// Acts on the frames of an answer (checked by [`checked`]), decoding one at a time:
+    /// however many `resync`s it holds, one snapshot answers them; past
+    /// [`MAX_CONTROLS`] the `control`s of one answer are refused at once.
+    async fn absorb(&mut self, ctx: &Context, answer: Answer) {
+        let mut resync = false;
+        let mut controls = 0;
+        let mut malformed = 0u64;
+        for text in Elements::new(answer.text()).map_while(Result::ok) {
+            let f = match frame::decode(text) {
+                Ok(Some(f)) => f,
+                Ok(None) => continue,
+                Err(e) => {
+                    malformed += 1;
+                    if malformed == 1 {
+                        tracing::warn!(error = %e, "malformed frame in a report answer");
+                    }
+                    // A malformed io_open is still answered on its channel.
+                    if let Some(o) = e.malformed_io_open() {
+                        let close = control::deny_malformed_session(ctx, o, &e.to_string());
+                        self.outbox.push(close);
+                    }
+                    continue;
+                }
+            };
             match f {
                 Frame::Welcome(w) => {
                     self.welcomed = true;
                     self.heartbeat = w.heartbeat_interval();
                     self.snapshot_every = w.snapshot_interval();
                 }
-                Frame::Resync => {
-                    let s = self.snapshot(ctx);
-                    self.outbox.push(s);
+                Frame::Resync => resync = true,
+                Frame::Control(c) if controls >= MAX_CONTROLS => {
+                    tracing::warn!(id = %c.id, "too many control requests in one report answer: refused");
+                    self.outbox.push(Frame::ControlResult(ControlResult {
+                        id: c.id,
+                        ok: false,
+                        error: Some(format!(
+                            "{MAX_CONTROLS} control requests at most in one answer"
+                        )),
+                    }));
                 }
                 Frame::Control(c) => {
+                    controls += 1;
                     let result = control::answer(ctx, c).await;
                     self.outbox.push(result);
                 }
@@ -189,7 +360,35 @@ impl Reporter {
                 ),
             }
         }
+        if malformed > 1 {
+            tracing::warn!(
+                malformed,
+                "malformed frames in one report answer (the first one logged)"
+            );
+        }
+        if resync {
+            let s = self.snapshot(ctx);
+            self.outbox.push(s);
+        }
     }
+}
+
+/// An answer whose text is UTF-8 and a JSON array (see [`checked`]).
+struct Answer(Vec<u8>);
+
+impl Answer {
+    fn text(&self) -> &str {
+        // Checked as UTF-8 when made.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+/// The answer's body if it is a JSON array of elements, checked whole before any of its
+/// frames is acted on (a broken answer is a failed post), without a tree of it.
+fn checked(body: Vec<u8>) -> Result<Answer, String> {
+    let text = std::str::from_utf8(&body).map_err(|e| e.to_string())?;
+    Elements::count(text)?;
+    Ok(Answer(body))
 }
 
 /// Reports until `shutdown` turns true.
@@ -257,37 +456,16 @@ pub async fn run(
                 .await
                 .unwrap_or_else(|_| Err(DialError::Handshake("no answer within 30 s".into())))
             {
-                Ok((200, answer)) => {
-                    match serde_json::from_slice::<Vec<serde_json::Value>>(&answer) {
-                        Ok(values) => {
-                            let mut decoded = Vec::new();
-                            for v in &values {
-                                match frame::decode(&v.to_string()) {
-                                    Ok(Some(f)) => decoded.push(f),
-                                    Ok(None) => {}
-                                    // A malformed io_open is still answered on its channel.
-                                    Err(e) => {
-                                        tracing::warn!(error = %e, "malformed frame in a report answer");
-                                        if let Some(o) = e.malformed_io_open() {
-                                            let close = control::deny_malformed_session(
-                                                &ctx,
-                                                o,
-                                                &e.to_string(),
-                                            );
-                                            r.outbox.push(close);
-                                        }
-                                    }
-                                }
-                            }
-                            link.bytes_sent.fetch_add(body.len() as u64, Relaxed);
-                            Ok(decoded)
-                        }
-                        Err(e) => Err((
-                            format!("answer is not a JSON array of frames: {e}"),
-                            Retry::Normal,
-                        )),
+                Ok((200, answer)) => match checked(answer) {
+                    Ok(answer) => {
+                        link.bytes_sent.fetch_add(body.len() as u64, Relaxed);
+                        Ok(answer)
                     }
-                }
+                    Err(e) => Err((
+                        format!("answer is not a JSON array of frames: {e}"),
+                        Retry::Normal,
+                    )),
+                },
                 Ok((401 | 403, _)) => Err((
                     format!("token rejected for token {}…", token.prefix()),
                     Retry::Rejected,
@@ -380,5 +558,101 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    fn elements(text: &str) -> Result<Vec<&str>, &'static str> {
+        Elements::count(text)?;
+        Elements::new(text).collect()
+    }
+
+    #[test]
+    fn the_elements_of_an_answer_are_found_without_a_tree() {
+        assert_eq!(elements("[]"), Ok(vec![]));
+        assert_eq!(elements(" [ ] \n"), Ok(vec![]));
+        assert_eq!(elements("[1]"), Ok(vec!["1"]));
+        assert_eq!(
+            elements(r#" [ {"a":[1,{"b":"],}"}]} , "x\",]" ,[[]],null ] "#),
+            Ok(vec![
+                r#"{"a":[1,{"b":"],}"}]}"#,
+                r#""x\",]""#,
+                "[[]]",
+                "null"
+            ])
+        );
+        // Every element is exactly what serde_json sees as one.
+        let text = r#"[{"type":"resync"},{"type":"control","id":"a,b]","target":{"k":[1,2]}}]"#;
+        let values: Vec<serde_json::Value> = serde_json::from_str(text).unwrap();
+        let found = elements(text).unwrap();
+        assert_eq!(found.len(), values.len());
+        for (f, v) in found.iter().zip(&values) {
+            assert_eq!(&serde_json::from_str::<serde_json::Value>(f).unwrap(), v);
+        }
+        for bad in [
+            "",
+            "{}",
+            "1",
+            "[",
+            "[1",
+            "[1,]",
+            "[,1]",
+            "[1,,2]",
+            "[}",
+            "[{]",
+            "[1]]",
+            "[1] x",
+            r#"["unterminated]"#,
+            "[{\"a\":1}}]",
+        ] {
+            assert!(elements(bad).is_err(), "{bad:?} passed as an array");
+        }
+    }
+
+    /// However many `resync`s one answer holds (here 10 000), one snapshot answers them;
+    /// the `control`s past 8 are refused at once, each answered.
+    #[tokio::test]
+    async fn one_snapshot_answers_every_resync_of_an_answer() {
+        let ctx = crate::connect::test_context();
+        let mut r = Reporter {
+            seq: 0,
+            outbox: Vec::new(),
+            welcomed: true,
+            heartbeat: Duration::from_secs(15),
+            snapshot_every: Duration::from_secs(300),
+            last_snapshot: Instant::now(),
+            marked: Vec::new(),
+        };
+        let mut text = String::from("[");
+        for i in 0..10_000 {
+            text.push_str(r#"{"type":"resync"},"#);
+            if i % 1000 == 0 {
+                // Outside any watched namespace: refused without an API call.
+                text.push_str(&format!(
+                    r#"{{"type":"control","id":"c{i}","action":"pause","actor":"u","target":{{"kind":"Gadget","namespace":"n","name":"a"}}}},"#
+                ));
+            }
+        }
+        text.push_str(r#"{"type":"heartbeat","sent_at":"t"}]"#);
+        r.absorb(&ctx, checked(text.into_bytes()).unwrap()).await;
+        let snapshots = r
+            .outbox
+            .iter()
+            .filter(|f| matches!(f, Frame::Snapshot(_)))
+            .count();
+        assert_eq!(snapshots, 1);
+        let results: Vec<&ControlResult> = r
+            .outbox
+            .iter()
+            .filter_map(|f| match f {
+                Frame::ControlResult(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(results.len(), 10);
+        assert!(results.iter().all(|c| !c.ok));
+        let busy = results
+            .iter()
+            .filter(|c| c.error.as_deref() == Some("8 control requests at most in one answer"))
+            .count();
+        assert_eq!(busy, 2);
     }
 }

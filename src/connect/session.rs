@@ -369,7 +369,19 @@ pub async fn run<S: Transport>(
     shutdown: &mut watch::Receiver<bool>,
     on_welcome: impl FnOnce(bool),
 ) -> End {
-    run_with(ctx, ws, hello, shutdown, on_welcome, answer_control).await
+    let seams = Seams {
+        answer: answer_control,
+        runner: super::shell::exec_runner,
+    };
+    run_with(ctx, ws, hello, shutdown, on_welcome, seams).await
+}
+
+/// What a session does through the API server, replaced in tests: `control` and the
+/// shells' execs.
+#[derive(Clone, Copy)]
+struct Seams {
+    answer: Answer,
+    runner: super::shell::Runner,
 }
 
 async fn run_with<S: Transport>(
@@ -378,14 +390,15 @@ async fn run_with<S: Transport>(
     hello: Frame,
     shutdown: &mut watch::Receiver<bool>,
     on_welcome: impl FnOnce(bool),
-    answer: Answer,
+    seams: Seams,
 ) -> End {
+    let Seams { answer, runner } = seams;
     let written = ws.get_ref().write_clock();
     let mut conn = Conn {
         ws,
         seq: 0,
         ctx,
-        shells: Shells::default(),
+        shells: Shells::with_runner(runner),
         ping_sent: None,
         controls: JoinSet::new(),
         answer,
@@ -602,7 +615,11 @@ mod tests {
         let hello = Frame::Resync; // any frame: the session sends it first
         let task = tokio::spawn(async move {
             let on_welcome = move |welcomed| seen.lock().unwrap().push(welcomed);
-            run_with(&ctx, ws, hello, &mut stopping, on_welcome, answer).await
+            let seams = Seams {
+                answer,
+                runner: crate::connect::shell::exec_runner,
+            };
+            run_with(&ctx, ws, hello, &mut stopping, on_welcome, seams).await
         });
         (cp, stop, established, task)
     }
@@ -1024,15 +1041,11 @@ mod tests {
         let cp = WebSocketStream::from_raw_socket(slow, Role::Server, None).await;
         let (stop, mut stopping) = watch::channel(false);
         let task = tokio::spawn(async move {
-            run_with(
-                &ctx,
-                ws,
-                Frame::Resync,
-                &mut stopping,
-                |_| {},
-                answer_control,
-            )
-            .await
+            let seams = Seams {
+                answer: answer_control,
+                runner: crate::connect::shell::exec_runner,
+            };
+            run_with(&ctx, ws, Frame::Resync, &mut stopping, |_| {}, seams).await
         });
         let (mut tx, mut rx) = cp.split();
         // The peer keeps its own heartbeats going all along (§4.5: both sides send them).
@@ -1079,5 +1092,217 @@ mod tests {
         beats.abort();
         drop(rx);
         let _ = task.await;
+    }
+
+    /// A stand-in for a shell's process, on the exec's own channels: `flood` writes
+    /// 64 chunks of 1 KiB every 20 ms for as long as it lives (each chunk waits for room
+    /// in the queue all sessions share, as the exec pump's do); `cat` echoes its input.
+    /// Either ends when the session is closed, with 129 as after SIGHUP.
+    fn stand_in(exec: crate::connect::shell::Exec) -> BoxFuture<'static, ()> {
+        use crate::connect::shell::{Event, Exit};
+        async move {
+            let crate::connect::shell::Exec {
+                channel,
+                command,
+                mut stdin,
+                stdin_pending,
+                mut close,
+                events,
+                ..
+            } = exec;
+            let flood = command == ["flood"];
+            if events.send(Event::Opened(channel)).await.is_err() {
+                return;
+            }
+            let burst = || async {
+                for _ in 0..64 {
+                    let out = Event::Output(channel, frame::Stream::Stdout, vec![b'x'; 1024]);
+                    let _ = events.send(out).await;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            let reason = loop {
+                tokio::select! {
+                    _ = close.changed() => break close.borrow().clone().unwrap_or_default(),
+                    () = burst(), if flood => {}
+                    chunk = stdin.recv(), if !flood => match chunk {
+                        Some(c) => {
+                            stdin_pending.fetch_sub(c.len(), Relaxed);
+                            let _ = events.send(Event::Output(channel, frame::Stream::Stdout, c)).await;
+                        }
+                        None => break "stdin closed".into(),
+                    },
+                }
+            };
+            let exit = Exit {
+                code: Some(129),
+                reason,
+            };
+            let _ = events.send(Event::Exited(channel, exit)).await;
+        }
+        .boxed()
+    }
+
+    /// A context whose store holds Agent `team/ag`, Active, with its pod running: a
+    /// shell may be opened in it.
+    fn context_with_an_agent() -> Arc<Context> {
+        let ctx = crate::connect::test_context();
+        let agent: crate::crd::Agent = serde_json::from_value(serde_json::json!({
+            "apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
+            "metadata": {"name": "ag", "namespace": "team", "uid": "a-ag"},
+            "spec": {"runtime": {"image": "x"}},
+            "status": {"phase": "Active"},
+        }))
+        .unwrap();
+        let pod: crate::store::PodView = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "ag", "namespace": "team", "ownerReferences": [{
+                "apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent", "name": "ag",
+                "uid": "a-ag", "controller": true}]},
+            "status": {"phase": "Running", "containerStatuses": [
+                {"name": "runtime", "ready": true, "restartCount": 0}]},
+        }))
+        .unwrap();
+        ctx.store.agents.insert(agent);
+        ctx.store.pods.insert(pod);
+        ctx
+    }
+
+    fn io_open(channel: u32, command: &str) -> Message {
+        Message::text(format!(
+            r#"{{"type":"io_open","channel":{channel},"session_id":"s{channel}","actor":"ada","target":{{"namespace":"team","agent":"ag"}},"command":["{command}"],"tty":false}}"#
+        ))
+    }
+
+    /// §6 on the paused clock: one shell floods its output (3.2 MB a second here, in
+    /// bursts that fill the queue all sessions share) while another does an echo round
+    /// every second. Heartbeats leave at exactly 2, 4, … 10 s; each echo comes back in
+    /// the instant it was typed, with at most the shared queue's worth of flood frames
+    /// (64) ahead of it; `io_close` ends the flood at once, audited. Ten seconds of the
+    /// session in a fraction of a second of wall time.
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_stalls_neither_an_echo_session_nor_heartbeats() {
+        let ctx = context_with_an_agent();
+        let (ours, theirs) = tokio::io::duplex(1 << 20);
+        let ours = crate::connect::progress::Progress::new(ours);
+        let ws = WebSocketStream::from_raw_socket(ours, Role::Client, None).await;
+        let mut cp = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
+        let (stop, mut stopping) = watch::channel(false);
+        let session_ctx = ctx.clone();
+        let task = tokio::spawn(async move {
+            let seams = Seams {
+                answer: answer_control,
+                runner: stand_in,
+            };
+            run_with(
+                &session_ctx,
+                ws,
+                Frame::Resync,
+                &mut stopping,
+                |_| {},
+                seams,
+            )
+            .await
+        });
+        next_frame(&mut cp).await;
+        cp.send(Message::text(WELCOME_2S)).await.unwrap();
+        let Frame::Snapshot(_) = next_frame(&mut cp).await else {
+            panic!("expected a snapshot")
+        };
+        let welcomed = Instant::now();
+        cp.send(io_open(1, "flood")).await.unwrap();
+        cp.send(io_open(2, "cat")).await.unwrap();
+
+        let mut heartbeats = Vec::new();
+        let mut opened = Vec::new();
+        let mut flood_bytes = 0usize;
+        // Flood frames since the echo in flight was typed, and when it was.
+        let mut echo: Option<(Instant, usize, Vec<u8>)> = None;
+        let mut rounds = Vec::new();
+        let mut round = 0u32;
+        let mut next_round = welcomed + Duration::from_millis(500);
+        while Instant::now() < welcomed + Duration::from_millis(10_500) {
+            match cp.next().await {
+                Some(Ok(Message::Binary(b))) => {
+                    let io = frame::decode_io(&b).unwrap();
+                    match io.channel {
+                        1 => {
+                            flood_bytes += io.data.len();
+                            if let Some((_, ahead, _)) = echo.as_mut() {
+                                *ahead += 1;
+                            }
+                        }
+                        2 => {
+                            let (typed_at, ahead, text) =
+                                echo.take().expect("an echo nobody typed");
+                            assert_eq!(io.data, &text[..]);
+                            rounds.push((Instant::now() - typed_at, ahead));
+                        }
+                        other => panic!("output on channel {other}"),
+                    }
+                }
+                Some(Ok(Message::Text(t))) => match frame::decode(&t).unwrap().unwrap() {
+                    Frame::Heartbeat(_) => {
+                        heartbeats.push(Instant::now() - welcomed);
+                        cp.send(Message::text(r#"{"type":"heartbeat","sent_at":"t"}"#))
+                            .await
+                            .unwrap();
+                    }
+                    Frame::IoOpened(o) => opened.push(o.channel),
+                    Frame::Audit(_) => {}
+                    other => panic!("unexpected {other:?}"),
+                },
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                other => panic!("the session ended: {other:?}"),
+            }
+            if echo.is_none() && Instant::now() >= next_round && opened.contains(&2) {
+                round += 1;
+                let text = format!("round {round}\n").into_bytes();
+                cp.send(Message::binary(frame::encode_io(
+                    2,
+                    frame::Stream::Stdin,
+                    &text,
+                )))
+                .await
+                .unwrap();
+                echo = Some((Instant::now(), 0, text));
+                next_round += Duration::from_secs(1);
+            }
+        }
+        let s = Duration::from_secs;
+        assert_eq!(heartbeats, [s(2), s(4), s(6), s(8), s(10)]);
+        assert_eq!(rounds.len(), 10, "{rounds:?}");
+        for (took, ahead) in &rounds {
+            assert_eq!(*took, Duration::ZERO, "{rounds:?}");
+            assert!(
+                *ahead <= 64,
+                "{ahead} flood frames ahead of an echo: {rounds:?}"
+            );
+        }
+        // 64 KiB every 20 ms for 10.5 s, give or take the last burst.
+        assert!(flood_bytes >= 525 * 64 * 1024 - 64 * 1024, "{flood_bytes}");
+
+        // io_close ends the flood in the instant it is asked: its io_close follows the
+        // frames already queued, with 129.
+        let asked = Instant::now();
+        cp.send(Message::text(r#"{"type":"io_close","channel":1}"#))
+            .await
+            .unwrap();
+        let mut after = 0;
+        let close = loop {
+            match cp.next().await {
+                Some(Ok(Message::Binary(_))) => after += 1,
+                Some(Ok(Message::Text(t))) => match frame::decode(&t).unwrap().unwrap() {
+                    Frame::IoClose(c) => break c,
+                    Frame::Heartbeat(_) | Frame::Audit(_) => {}
+                    other => panic!("unexpected {other:?}"),
+                },
+                _ => {}
+            }
+        };
+        assert_eq!(Instant::now(), asked);
+        assert_eq!((close.channel, close.exit_code), (1, Some(129)));
+        assert!(after <= 65, "{after} flood frames after io_close");
+        assert_eq!(ctx.link.sessions_open.load(Relaxed), 1);
+        stopped(cp, stop, task).await;
     }
 }

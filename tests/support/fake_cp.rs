@@ -164,6 +164,7 @@ struct State {
     token: Option<String>,
     heartbeat_interval_s: u64,
     snapshot_interval_s: u64,
+    deployment_id: String,
     auto_heartbeat: bool,
     /// Send a heartbeat of its own this often on each new connection (§4.5: both sides
     /// send them), besides the answers of `auto_heartbeat`.
@@ -294,6 +295,7 @@ impl FakeCp {
                 token: None,
                 heartbeat_interval_s: 15,
                 snapshot_interval_s: 300,
+                deployment_id: "dep-test".into(),
                 auto_heartbeat: true,
                 heartbeat_every: None,
                 accepted: 0,
@@ -482,6 +484,30 @@ impl FakeCp {
     /// Sends a binary message on the current connection.
     pub async fn send_binary(&self, bytes: Vec<u8>) {
         self.send_message(Message::binary(bytes)).await;
+    }
+
+    /// Sends any message (a raw frame too, e.g. one fragment of a message) on the
+    /// current connection and says how it went instead of failing the test: a
+    /// manager may refuse a hostile message by ending the connection mid-write.
+    pub async fn try_send(&self, msg: Message) -> Result<(), String> {
+        let open = {
+            let s = self.inner.state();
+            s.conns
+                .iter()
+                .filter(|c| c.open)
+                .max_by_key(|c| c.id)
+                .map(|c| (c.id, c.tx.clone()))
+        };
+        let (id, tx) = open.ok_or("no open connection")?;
+        let (ack, done) = oneshot::channel();
+        let _ = tx.send(Cmd::Send(msg, ack));
+        done.await
+            .unwrap_or_else(|_| Err(format!("connection {id} ended before the send")))
+    }
+
+    /// The `deployment_id` the next `welcome` frames carry (default `dep-test`).
+    pub fn set_deployment_id(&self, id: &str) {
+        self.inner.state().deployment_id = id.to_owned();
     }
 
     async fn send_message(&self, msg: Message) {
@@ -968,7 +994,7 @@ fn record_message(inner: &Inner, id: usize, msg: Message) -> Option<Value> {
             match kind.as_deref() {
                 Some("hello") => Some(json!({
                     "type": "welcome",
-                    "deployment_id": "dep-test",
+                    "deployment_id": s.deployment_id,
                     "heartbeat_interval_s": s.heartbeat_interval_s,
                     "snapshot_interval_s": s.snapshot_interval_s,
                 })),

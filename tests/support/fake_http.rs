@@ -26,6 +26,9 @@ struct State {
     /// after the control plane asked for something).
     fail_after_control: bool,
     fail_next: bool,
+    /// Raw JSON text put in the next answer's array after the queued frames (for
+    /// answers too big to build as values).
+    raw: Vec<String>,
 }
 
 pub struct FakeReport {
@@ -121,7 +124,18 @@ impl FakeReport {
                             authorization,
                             frames,
                         });
-                        (status, serde_json::to_string(&answer).unwrap())
+                        let mut text = serde_json::to_string(&answer).unwrap();
+                        if status == 200 && !st.raw.is_empty() {
+                            text.pop();
+                            for raw in std::mem::take(&mut st.raw) {
+                                if text.len() > 1 {
+                                    text.push(',');
+                                }
+                                text.push_str(&raw);
+                            }
+                            text.push(']');
+                        }
+                        (status, text)
                     };
                     let response = format!(
                         "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
@@ -146,6 +160,12 @@ impl FakeReport {
     /// Frames for the next answer.
     pub fn queue(&self, frame: Value) {
         self.state.lock().unwrap().outbox.push(frame);
+    }
+
+    /// Raw JSON for the next answer: one or more comma-separated elements, put in its
+    /// array after the queued frames, as they are (an answer of many megabytes).
+    pub fn queue_raw(&self, elements: String) {
+        self.state.lock().unwrap().raw.push(elements);
     }
 
     pub fn posts(&self) -> Vec<Post> {

@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -33,6 +33,14 @@ pub enum Fault {
     /// Close every live connection, both sides, with a TCP RST (SO_LINGER 0), and
     /// reset every new one at once (as a refusal looks to the dialler).
     Reset,
+    /// Forward this many more bytes in each direction of every connection (live ones
+    /// from the moment the mode is set, new ones from their start), then swallow
+    /// everything that direction carries for the rest of the connection's life: the
+    /// bytes are read and dropped, so the sender sees neither an error nor
+    /// back-pressure, and the message in flight is cut wherever the count ends. A
+    /// direction once swallowed stays so whatever the mode becomes (only a reset ends
+    /// it), so the test can turn back to `Pass` for new connections at once.
+    BlackHoleAfter(u64),
 }
 
 /// What every connection watches: the mode, and how many resets were asked for. A reset
@@ -58,6 +66,10 @@ struct Counts {
     accepted: AtomicUsize,
     live: AtomicUsize,
     resets: AtomicUsize,
+    /// Directions of connections that [`Fault::BlackHoleAfter`] turned into a sink.
+    swallowing: AtomicUsize,
+    /// Bytes read and dropped by them.
+    swallowed: AtomicU64,
 }
 
 impl FaultProxy {
@@ -142,6 +154,17 @@ impl FaultProxy {
     pub fn resets(&self) -> usize {
         self.counts.resets.load(Relaxed)
     }
+
+    /// Directions (two per connection) that [`Fault::BlackHoleAfter`] has turned into
+    /// a sink so far: their byte count ran out.
+    pub fn swallowing(&self) -> usize {
+        self.counts.swallowing.load(Relaxed)
+    }
+
+    /// Bytes read and dropped by swallowing directions.
+    pub fn swallowed(&self) -> u64 {
+        self.counts.swallowed.load(Relaxed)
+    }
 }
 
 impl Drop for FaultProxy {
@@ -207,7 +230,7 @@ async fn serve(client: TcpStream, target: String, mut mode: watch::Receiver<Ctl>
             return reset(client);
         }
         match now.mode {
-            Fault::Pass | Fault::Slow(_) => break,
+            Fault::Pass | Fault::Slow(_) | Fault::BlackHoleAfter(_) => break,
             Fault::Reset => {
                 live.0.resets.fetch_add(1, Relaxed);
                 return reset(client);
@@ -234,8 +257,8 @@ async fn serve(client: TcpStream, target: String, mut mode: watch::Receiver<Ctl>
     let end = {
         let (mut cr, mut cw) = client.split();
         let (mut ur, mut uw) = upstream.split();
-        let up = pump(&mut cr, &mut uw, mode.clone(), born);
-        let down = pump(&mut ur, &mut cw, mode.clone(), born);
+        let up = pump(&mut cr, &mut uw, mode.clone(), born, &live.0);
+        let down = pump(&mut ur, &mut cw, mode.clone(), born, &live.0);
         tokio::pin!(up, down);
         let (mut a, mut b) = (None, None);
         loop {
@@ -270,18 +293,37 @@ enum End {
 }
 
 /// One direction of one connection, obeying the mode at every step.
-async fn pump<R, W>(rd: &mut R, wr: &mut W, mut mode: watch::Receiver<Ctl>, born: u64) -> End
+async fn pump<R, W>(
+    rd: &mut R,
+    wr: &mut W,
+    mut mode: watch::Receiver<Ctl>,
+    born: u64,
+    counts: &Counts,
+) -> End
 where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
     let mut buf = vec![0u8; 16 * 1024];
+    // Bytes this direction may still forward under `BlackHoleAfter` (armed when that
+    // mode is first seen, disarmed by another mode before it runs out).
+    let mut budget: Option<u64> = None;
     loop {
         let now = *mode.borrow_and_update();
         if now.resets != born {
             return End::Reset;
         }
+        if !matches!(now.mode, Fault::BlackHoleAfter(_)) {
+            budget = None;
+        }
         let limit = match now.mode {
+            Fault::BlackHoleAfter(n) => match *budget.get_or_insert(n) {
+                0 => {
+                    counts.swallowing.fetch_add(1, Relaxed);
+                    return swallow(rd, &mut buf, mode, born, counts).await;
+                }
+                left => usize::try_from(left).unwrap_or(usize::MAX).min(buf.len()),
+            },
             Fault::Reset => return End::Reset,
             Fault::Stall | Fault::BlackHole => {
                 if mode.changed().await.is_err() {
@@ -317,12 +359,47 @@ where
             },
             _ = mode.wait_for(|c| c.resets != born) => return End::Reset,
         }
+        if let Some(left) = budget.as_mut() {
+            *left -= n as u64;
+        }
         if let Fault::Slow(rate) = now.mode {
             let pause = Duration::from_secs_f64(n as f64 / rate.max(1) as f64);
             tokio::select! {
                 () = tokio::time::sleep(pause) => {}
                 _ = mode.wait_for(|c| c.resets != born) => return End::Reset,
             }
+        }
+    }
+}
+
+/// A direction past its `BlackHoleAfter` count: reads and drops whatever comes, passes
+/// on nothing (not even the source's close), until a reset.
+async fn swallow<R>(
+    rd: &mut R,
+    buf: &mut [u8],
+    mut mode: watch::Receiver<Ctl>,
+    born: u64,
+    counts: &Counts,
+) -> End
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    let reset = async {
+        let _ = mode.wait_for(|c| c.resets != born).await;
+    };
+    tokio::pin!(reset);
+    loop {
+        tokio::select! {
+            r = rd.read(buf) => match r {
+                Ok(0) | Err(_) => {
+                    (&mut reset).await;
+                    return End::Reset;
+                }
+                Ok(n) => {
+                    counts.swallowed.fetch_add(n as u64, Relaxed);
+                }
+            },
+            () = &mut reset => return End::Reset,
         }
     }
 }

@@ -36,20 +36,22 @@ const KILLER: &str = r#"kill -HUP "$1" 2>/dev/null || exit 0
 for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$1" 2>/dev/null || exit 0; sleep 0.2; done
 kill -KILL "$1" 2>/dev/null; exit 0"#;
 
-/// One session's exec, run as its own task.
-pub(super) struct Exec {
-    pub(super) client: Client,
-    pub(super) channel: u32,
-    pub(super) namespace: String,
-    pub(super) pod: String,
-    pub(super) container: String,
-    pub(super) command: Vec<String>,
-    pub(super) tty: bool,
-    pub(super) stdin: mpsc::UnboundedReceiver<Vec<u8>>,
-    pub(super) stdin_pending: Arc<AtomicUsize>,
-    pub(super) resize: watch::Receiver<(u16, u16)>,
-    pub(super) close: watch::Receiver<Option<String>>,
-    pub(super) events: mpsc::Sender<Event>,
+/// One session's exec, run as its own task. Crate-visible so that the session's
+/// in-process tests can run a stand-in process on the same channels (see
+/// [`super::Runner`]).
+pub(crate) struct Exec {
+    pub(crate) client: Client,
+    pub(crate) channel: u32,
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
+    pub(crate) container: String,
+    pub(crate) command: Vec<String>,
+    pub(crate) tty: bool,
+    pub(crate) stdin: mpsc::UnboundedReceiver<Vec<u8>>,
+    pub(crate) stdin_pending: Arc<AtomicUsize>,
+    pub(crate) resize: watch::Receiver<(u16, u16)>,
+    pub(crate) close: watch::Receiver<Option<String>>,
+    pub(crate) events: mpsc::Sender<Event>,
 }
 
 impl Exec {

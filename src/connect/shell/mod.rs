@@ -19,6 +19,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until};
 use tracing::Instrument;
@@ -34,8 +36,18 @@ mod exec;
 mod exit;
 
 use authorize::authorize;
-use exec::Exec;
+pub(crate) use exec::Exec;
 pub use exit::Exit;
+
+/// Runs one session's exec to its end: [`exec_runner`] (the API server's exec
+/// subresource), or in the session's tests a stand-in process on the same channels,
+/// so that a flood is tested in process on the paused clock.
+pub(crate) type Runner = fn(Exec) -> BoxFuture<'static, ()>;
+
+/// The real exec.
+pub(crate) fn exec_runner(exec: Exec) -> BoxFuture<'static, ()> {
+    exec.run().boxed()
+}
 
 /// Output frames waiting for the connection, all sessions together (≤ 2 MiB).
 const OUTPUT_QUEUE: usize = 64;
@@ -74,16 +86,12 @@ pub struct Shells {
     events_tx: mpsc::Sender<Event>,
     /// Polled by the connection's loop.
     pub events: mpsc::Receiver<Event>,
+    runner: Runner,
 }
 
 impl Default for Shells {
     fn default() -> Self {
-        let (events_tx, events) = mpsc::channel(OUTPUT_QUEUE);
-        Shells {
-            open: HashMap::new(),
-            events_tx,
-            events,
-        }
+        Shells::with_runner(exec_runner)
     }
 }
 
@@ -97,6 +105,17 @@ pub enum Reply {
 }
 
 impl Shells {
+    /// Sessions whose execs `runner` runs.
+    pub(crate) fn with_runner(runner: Runner) -> Shells {
+        let (events_tx, events) = mpsc::channel(OUTPUT_QUEUE);
+        Shells {
+            open: HashMap::new(),
+            events_tx,
+            events,
+            runner,
+        }
+    }
+
     /// `io_open`: checks the rule of §6, then starts the exec. A refusal is audited as
     /// `session.denied` and answered with `io_close` `denied`.
     pub fn open(&mut self, ctx: &Context, o: IoOpen) -> Reply {
@@ -140,7 +159,7 @@ impl Shells {
             events: self.events_tx.clone(),
         };
         let span = tracing::info_span!("shell", channel = o.channel, session_id = %o.session_id);
-        let task = tokio::spawn(exec.run().instrument(span));
+        let task = tokio::spawn((self.runner)(exec).instrument(span));
         ctx.link.sessions_open.fetch_add(1, Relaxed);
         self.open.insert(
             o.channel,
