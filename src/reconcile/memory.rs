@@ -101,7 +101,7 @@ pub async fn reconcile(ctx: &Context, memory: Arc<Memory>) -> Result<Outcome, Er
             let name = secret_name(&memory.name_any());
             let cached = ctx.store.secrets.get(&ns, &name);
             let desired = desired_secret(&memory, &url);
-            match ctx.kube.apply(&ns, &desired, cached.as_deref()).await? {
+            match ctx.kube.write_secret(&desired, cached.as_deref()).await? {
                 Written::Done => (MemoryPhase::Bound, String::new(), Some(name)),
                 Written::Refused(why) => (MemoryPhase::Error, why.to_string(), None),
             }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -17,13 +17,15 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use super::cache::ObjKey;
-use super::{Cache, MANAGED_SELECTOR, PodView, Store, controller_of};
+use super::{Cache, MANAGED_SELECTOR, PodView, SecretView, Store, controller_of};
 use crate::crd::{Agent, Key, Kind, Memory, Runtime, Tool};
 
-/// Objects per list request of the initial (and every re-) list. Small pages: a list's
-/// page is held whole, at full size, before the cache slims its objects; 500 pods (the
-/// default) is most of the peak.
-const LIST_PAGE: u32 = 100;
+/// Objects per list request of the initial (and every re-) list. A page's body is held
+/// whole while it is read (about 3.6 MB for 500 Pending pods, more for running ones),
+/// but the objects are read straight into the slim cached types, so the page is gone
+/// before the snapshot, the peak. Pages of 100 made a fresh manager's lists of 10 000
+/// Agents, pods and Secrets 300 round trips (BENCHMARKS.md).
+const LIST_PAGE: u32 = 500;
 
 /// One object a watch saw, of any watched type.
 #[derive(Clone, Copy)]
@@ -34,7 +36,7 @@ pub enum Object<'a> {
     Memory(&'a Memory),
     Pod(&'a PodView),
     Service(&'a Service),
-    Secret(&'a Secret),
+    Secret(&'a SecretView),
 }
 
 /// What a watch saw: an object now in the cache, or one that left it.
@@ -190,7 +192,14 @@ fn drive<K>(
     on_change: impl Fn(&K, bool) + Send,
 ) -> impl Future<Output = ()> + Send
 where
-    K: Resource + ResourceExt + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()>
+        + ResourceExt
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
 {
     store.synced.expect();
     async move {
