@@ -20,12 +20,14 @@ use super::cache::ObjKey;
 use super::{Cache, MANAGED_SELECTOR, PodView, SecretView, Store, controller_of};
 use crate::crd::{Agent, Key, Kind, Memory, Runtime, Tool};
 
-/// Objects per list request of the initial (and every re-) list. A page's body is held
-/// whole while it is read (about 3.6 MB for 500 Pending pods, more for running ones),
-/// but the objects are read straight into the slim cached types, so the page is gone
-/// before the snapshot, the peak. Pages of 100 made a fresh manager's lists of 10 000
-/// Agents, pods and Secrets 300 round trips (BENCHMARKS.md).
+/// Objects per list request of the initial (and every re-) list, by kind. A page's body
+/// is held whole, twice over, while it is read (kube copies it into one buffer, then into
+/// a string): about 7 KB a pod as served, 1 KB an Agent or Secret. Pages of 500 pods
+/// raised the peak with 1 000 Agents by half (BENCHMARKS.md); pages of 100 made a fresh
+/// manager's lists of 10 000 Agents, pods and Secrets 300 round trips. The lists run
+/// at once, one per kind: the pods' is the longest.
 const LIST_PAGE: u32 = 500;
+const LIST_PAGE_PODS: u32 = 200;
 
 /// One object a watch saw, of any watched type.
 #[derive(Clone, Copy)]
@@ -148,7 +150,12 @@ impl Watch<'_> {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
             None => Api::all(self.client.clone()),
         };
-        let mut config = watcher::Config::default().page_size(LIST_PAGE);
+        let page = if K::kind(&()) == "Pod" {
+            LIST_PAGE_PODS
+        } else {
+            LIST_PAGE
+        };
+        let mut config = watcher::Config::default().page_size(page);
         if let Some(selector) = selector {
             config = config.labels(selector);
         }
