@@ -6,19 +6,24 @@
 //! conflict) and [`Written::Refused`] for what is not (the API server refused the object,
 //! or a same-named object belongs to someone else): the owner's status says why.
 
+use std::collections::HashMap;
 use std::fmt::Debug;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::Error;
 use crate::crd::{PhaseStatus, Reason};
-use crate::store::{PodView, is_owned_by};
+use crate::store::{PodView, SecretView, is_owned_by};
 use crate::text::cap_utf8;
 
 /// The field manager of every server-side apply, and the Events' reporting controller.
@@ -105,23 +110,47 @@ pub fn holds(actual: &serde_json::Value, desired: &serde_json::Value) -> bool {
     }
 }
 
-/// The writer: a client and the Event recorder.
+/// A hash of a status less its conditions' transition times: a reconcile deciding from
+/// a stale status stamps a new time on the same condition.
+fn status_digest<S: serde::Serialize>(status: &S) -> u64 {
+    let mut value = serde_json::to_value(status).unwrap_or_default();
+    if let Some(conditions) = value
+        .get_mut("conditions")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        for c in conditions
+            .iter_mut()
+            .filter_map(serde_json::Value::as_object_mut)
+        {
+            c.remove("lastTransitionTime");
+        }
+    }
+    let mut h = DefaultHasher::new();
+    value.to_string().hash(&mut h);
+    h.finish()
+}
+
+/// The writer: a client, and this replica's name for the Events it records.
 #[derive(Clone)]
 pub struct Kube {
     client: Client,
-    recorder: Recorder,
+    instance: String,
+    /// Statuses written whose write the cache has not shown yet: uid → the
+    /// resourceVersion the write was decided from, and the status's hash.
+    unseen: Arc<Mutex<HashMap<String, (String, u64)>>>,
 }
+
+/// The most entries `Kube::unseen` holds; past it, it is emptied (at worst one status is
+/// written twice).
+const UNSEEN_MAX: usize = 4096;
 
 impl Kube {
     /// `instance`: this replica's name, in the Events it records.
     pub fn new(client: Client, instance: &str) -> Self {
-        let reporter = Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: Some(instance.to_owned()),
-        };
         Kube {
-            recorder: Recorder::new(client.clone(), reporter),
             client,
+            instance: instance.to_owned(),
+            unseen: Arc::default(),
         }
     }
 
@@ -187,9 +216,131 @@ impl Kube {
         }
     }
 
+    /// Writes a config Secret of the manager's: created with a POST when the cache has
+    /// none, merge-patched (guarded by the resourceVersion it was compared with) when the
+    /// cached copy is ours and differs, nothing when it already holds `desired`.
+    ///
+    /// One request per new Secret: the GET that refuses a stranger's Secret of the same
+    /// name (which the label-selected cache cannot see) is only sent when the create
+    /// answers 409. No server-side apply: its field ownership would mix Apply and Update
+    /// entries of this manager in `managedFields`, and it needs that GET first.
+    pub async fn write_secret(
+        &self,
+        desired: &Secret,
+        cached: Option<&SecretView>,
+    ) -> Result<Written, Error> {
+        let ns = desired.namespace().unwrap_or_default();
+        let name = desired.name_any();
+        let owner = desired.owner_references().first().map(|r| r.uid.as_str());
+        let existing = match cached {
+            Some(c) => c.clone(),
+            None => match self.create_or_get_secret(&ns, desired).await? {
+                Ok(done) => return Ok(done),
+                Err(existing) => existing,
+            },
+        };
+        if !is_owned_by(&existing.metadata, owner) {
+            return Ok(Written::Refused(Refused::not_ours("Secret", &name)));
+        }
+        if existing.holds(desired) {
+            return Ok(Written::Done);
+        }
+        // The labels and values we set; keys others added stay (as with an apply).
+        let patch = serde_json::json!({
+            "metadata": {
+                "resourceVersion": existing.metadata.resource_version,
+                "labels": desired.metadata.labels,
+            },
+            "data": desired.data,
+        });
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match self
+            .api::<SecretView>(&ns)
+            .patch(&name, &pp, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(Written::Done),
+            Err(e) if matches!(api_status(&e), Some(400 | 403 | 422)) => {
+                Ok(Written::Refused(Refused::invalid("Secret", &name, &e)))
+            }
+            // 409 (changed since the cache saw it) and 404 (deleted): the watch brings
+            // the news and requeues the owner; until then, a retry.
+            Err(e) => Err(Error::kube(
+                format!("unable to patch Secret {ns}/{name}"),
+                e,
+            )),
+        }
+    }
+
+    /// POSTs a Secret: `Ok` when that settled it (created, or refused by the API server),
+    /// else the Secret of that name that exists (409), read with a GET. A Secret deleted
+    /// between the two is created again, once.
+    async fn create_or_get_secret(
+        &self,
+        ns: &str,
+        secret: &Secret,
+    ) -> Result<Result<Written, SecretView>, Error> {
+        let name = secret.name_any();
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let mut tries = 0;
+        loop {
+            let create = async {
+                let body = serde_json::to_vec(secret).map_err(kube::Error::SerdeError)?;
+                let mut req = kube::core::Request::new(Secret::url_path(&(), Some(ns)))
+                    .create(&pp, body)
+                    .map_err(kube::Error::BuildRequest)?;
+                req.extensions_mut().insert("create");
+                self.client.request::<SecretView>(req).await
+            };
+            let conflict = match create.await {
+                Ok(_) => return Ok(Ok(Written::Done)),
+                Err(e) if api_status(&e) == Some(409) => e,
+                Err(e) if matches!(api_status(&e), Some(400 | 403 | 422)) => {
+                    return Ok(Ok(Written::Refused(Refused::invalid("Secret", &name, &e))));
+                }
+                Err(e) => {
+                    return Err(Error::kube(
+                        format!("unable to create Secret {ns}/{name}"),
+                        e,
+                    ));
+                }
+            };
+            match self.api::<SecretView>(ns).get_opt(&name).await {
+                Ok(Some(existing)) => return Ok(Err(existing)),
+                Ok(None) if tries == 0 => tries += 1,
+                Ok(None) => {
+                    return Err(Error::kube(
+                        format!("unable to create Secret {ns}/{name}"),
+                        conflict,
+                    ));
+                }
+                Err(e) => return Err(Error::kube(format!("unable to get Secret {ns}/{name}"), e)),
+            }
+        }
+    }
+
     /// Creates a pod; an already existing one is fine (the watch will show it). The inner
     /// error is the API server's refusal, to report as the owner's `Error`.
     pub async fn create_pod(&self, pod: &Pod) -> Result<Written, Error> {
+        Ok(match self.create_pod_read(pod).await? {
+            Ok(_) => Written::Done,
+            Err(why) => Written::Refused(why),
+        })
+    }
+
+    /// [`create_pod`](Self::create_pod), with the pod as the API server answered (`None`
+    /// when ours already existed): its owner can decide from it at once instead of
+    /// writing a status the pod's first watch event would change again.
+    pub async fn create_pod_read(
+        &self,
+        pod: &Pod,
+    ) -> Result<Result<Option<PodView>, Refused>, Error> {
         let ns = pod.namespace().unwrap_or_default();
         let name = pod.name_any();
         // Api::create, but reading the answer as the slim PodView: the manager never
@@ -203,9 +354,9 @@ impl Kube {
             self.client.request::<PodView>(req).await
         };
         match create.await {
-            Ok(_) => {
+            Ok(created) => {
                 tracing::info!(pod = %name, namespace = %ns, "pod created");
-                Ok(Written::Done)
+                Ok(Ok(Some(created)))
             }
             // Ours and not yet in the cache is fine; someone else's is never touched.
             Err(e) if api_status(&e) == Some(409) => {
@@ -217,13 +368,13 @@ impl Kube {
                     .map_err(|e| Error::kube(format!("unable to get pod {ns}/{name}"), e))?;
                 match existing {
                     Some(p) if !is_owned_by(&p.metadata, owner) => {
-                        Ok(Written::Refused(Refused::not_ours("Pod", &name)))
+                        Ok(Err(Refused::not_ours("Pod", &name)))
                     }
-                    _ => Ok(Written::Done),
+                    _ => Ok(Ok(None)),
                 }
             }
             Err(e) if matches!(api_status(&e), Some(400 | 403 | 422)) => {
-                Ok(Written::Refused(Refused::invalid("Pod", &name, &e)))
+                Ok(Err(Refused::invalid("Pod", &name, &e)))
             }
             Err(e) => Err(Error::kube(format!("unable to create pod {ns}/{name}"), e)),
         }
@@ -272,6 +423,22 @@ impl Kube {
             + DeserializeOwned,
         S: PhaseStatus,
     {
+        // A reconcile that runs before the cache shows this process's last status write
+        // (the pod's watch event often comes first) decides from the status before it:
+        // writing the same status again, and its Event, would change nothing.
+        let uid = obj.uid().unwrap_or_default();
+        let version = obj.resource_version().unwrap_or_default();
+        let digest = status_digest(status);
+        {
+            let mut unseen = self.unseen.lock().unwrap_or_else(|e| e.into_inner());
+            match unseen.get(&uid) {
+                Some((v, d)) if *v == version && *d == digest => return Ok(()),
+                Some((v, _)) if *v != version => {
+                    unseen.remove(&uid);
+                }
+                _ => {}
+            }
+        }
         if old == Some(status) {
             return Ok(());
         }
@@ -285,7 +452,15 @@ impl Kube {
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => {}
+            Ok(_) => {
+                let mut unseen = self.unseen.lock().unwrap_or_else(|e| e.into_inner());
+                if unseen.len() >= UNSEEN_MAX {
+                    unseen.clear();
+                }
+                if !uid.is_empty() {
+                    unseen.insert(uid, (version, digest));
+                }
+            }
             // Deleted meanwhile: nothing to report on.
             Err(e) if api_status(&e) == Some(404) => return Ok(()),
             Err(e) => {
@@ -312,8 +487,55 @@ impl Kube {
 
     /// Records an Event on the object `reference` names (the manager's own pod, for
     /// the control-plane link); a failure is only logged.
+    ///
+    /// One POST of an `events.k8s.io/v1` Event, as kube's `Recorder` builds it, without
+    /// its cache: the `Recorder` keeps every Event it sent for six minutes (to count
+    /// repeats as a series), which after a burst of 10 000 new Agents was 10 000 Events
+    /// held, each pruned by a scan of all on every publish. The manager records an
+    /// Agent's phase change once, and the link's Events are rate-limited by their caller.
     pub async fn record(&self, event: &KubeEvent, reference: &ObjectReference) {
-        if let Err(e) = self.recorder.publish(event, reference).await {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let ns = reference
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let k8s_event = K8sEvent {
+            action: Some(event.action.clone()),
+            reason: Some(event.reason.clone()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(reference.clone()),
+            note: event.note.clone(),
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                namespace: Some(ns.clone()),
+                name: Some(format!(
+                    "{}.{:x}",
+                    reference.name.as_deref().unwrap_or(FIELD_MANAGER),
+                    now.as_nanosecond()
+                )),
+                ..Default::default()
+            },
+            reporting_controller: Some(FIELD_MANAGER.into()),
+            reporting_instance: Some(self.instance.clone()),
+            type_: Some(
+                match event.type_ {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .into(),
+            ),
+            related: event.secondary.clone(),
+            ..Default::default()
+        };
+        let created = async {
+            let body = serde_json::to_vec(&k8s_event).map_err(kube::Error::SerdeError)?;
+            let mut req = kube::core::Request::new(K8sEvent::url_path(&(), Some(&ns)))
+                .create(&PostParams::default(), body)
+                .map_err(kube::Error::BuildRequest)?;
+            req.extensions_mut().insert("create");
+            // The answer is not read: only whether it came.
+            self.client.request_text(req).await
+        };
+        if let Err(e) = created.await {
             tracing::debug!(error = %e, reason = %event.reason, "unable to record event");
         }
     }

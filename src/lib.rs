@@ -24,7 +24,7 @@ pub mod internals {
     pub use crate::metrics::{HISTOGRAMS, PROCESS_SERIES, SERIES};
     pub use crate::reconcile::agent::{AgentletDefaults, desired_pod as agent_pod};
     pub use crate::reconcile::tool::{IDLE, desired_pod as tool_pod};
-    pub use crate::store::{PodView, trim};
+    pub use crate::store::{PodView, SecretView, trim};
 }
 
 use std::future::Future;

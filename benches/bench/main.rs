@@ -4,7 +4,7 @@
 //!
 //!   bench bulk  --sizes 0,1000[,10000] --changes N --out FILE   items 1–6 (apiserver bed)
 //!   bench shell --out FILE                                      item 7 (a bed with a node)
-//!   bench render --md BENCHMARKS.md [--before FILE] FILE...     the results section
+//!   bench render --md BENCHMARKS.md [--before FILE]... FILE...  the results section
 //!
 //! Every figure comes from the run; nothing is typed in.
 
@@ -57,14 +57,20 @@ fn main() {
     };
     if cmd == "render" {
         let md = arg("--md").unwrap_or_else(|| "BENCHMARKS.md".into());
+        // Every `--before FILE` (an earlier run, each in its own before/after table).
+        let before: Vec<String> = args
+            .windows(2)
+            .filter(|w| w[0] == "--before")
+            .map(|w| w[1].clone())
+            .collect();
         let files: Vec<String> = args
             .iter()
             .skip_while(|a| *a != "render")
             .skip(1)
-            .filter(|a| a.ends_with(".json") && arg("--before").as_ref() != Some(*a))
+            .filter(|a| a.ends_with(".json") && !before.contains(a))
             .cloned()
             .collect();
-        report::render(&md, &files, arg("--before").as_deref());
+        report::render(&md, &files, &before);
         return;
     }
     let out = arg("--out").unwrap_or_else(|| format!("benches/results/{cmd}.json"));
@@ -290,8 +296,6 @@ where
         .await;
 }
 
-/// Item 5, and the objects of item 2: `n` Agents at once with the manager running;
-/// the time until their `n` pods exist.
 /// The API server's own request counters (`apiserver_request_total`), summed by verb and
 /// resource (`resource/subresource`).
 async fn api_requests(client: &kube::Client) -> std::collections::BTreeMap<String, f64> {
@@ -336,10 +340,27 @@ fn per_object(
     Value::Object(out)
 }
 
-async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> Duration {
+/// The manager's requests per Agent from creation until nothing moves: every counter but
+/// the bench's own (`POST agents`) and the watches' (`LIST`, `WATCH`).
+fn managers_own(per_agent: &Value) -> f64 {
+    per_agent
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| *k != "POST agents" && !k.starts_with("LIST ") && !k.starts_with("WATCH "))
+        .map(|(_, v)| v.as_f64().unwrap_or(0.0))
+        .sum()
+}
+
+/// Item 5 and the requests per Agent: `n` Agents created at once with the manager
+/// running; the time until their `n` pods exist, and the API server's counters when
+/// that time was taken and once the manager is done (no counter moved for 3 s: the
+/// status writes and Events that follow the pods are counted too).
+async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> (Duration, Value, Value) {
     let cp = FakeCp::start().await;
     let m = start_manager(ns, &cp);
     m.wait_ready().await;
+    let before = api_requests(client).await;
     let pods = count_pods(Api::namespaced(client.clone(), ns), n);
     let agents: Api<Agent> = Api::namespaced(client.clone(), ns);
     let t0 = Instant::now();
@@ -352,8 +373,33 @@ async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> Duration 
         .await
         .expect("pods within 30 min")
         .unwrap();
+    let timed = per_object(&before, &api_requests(client).await, n);
+    let mut last = api_requests(client).await;
+    let mut quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = api_requests(client).await;
+        // What an Agent's reconciles touch; not the scrapes, nor the API server's own
+        // periodic writes.
+        let moved = |c: &std::collections::BTreeMap<String, f64>| -> f64 {
+            c.iter()
+                .filter(|(k, _)| !k.starts_with("LIST ") && !k.starts_with("WATCH "))
+                .filter(|(k, _)| {
+                    ["secrets", "pods", "agents", "events"]
+                        .iter()
+                        .any(|r| k.contains(r))
+                })
+                .map(|(_, v)| v)
+                .sum()
+        };
+        if moved(&now) != moved(&last) {
+            quiet = Instant::now();
+        }
+        last = now;
+    }
+    let settled = per_object(&before, &last, n);
     drop(m);
-    done - t0
+    (done - t0, timed, settled)
 }
 
 /// Item 5's reference: the same number of pods, shaped like the manager's, created
@@ -627,9 +673,7 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
         let ns = TestNamespace::new(&client, &format!("bench-{n}")).await;
         if n > 0 {
             eprintln!("creating {n} Agents with the manager running");
-            let requests_before = api_requests(&client).await;
-            let managed = manager_creates(&client, &ns.name, n).await;
-            let managed_requests = per_object(&requests_before, &api_requests(&client).await, n);
+            let (managed, managed_requests, settled) = manager_creates(&client, &ns.name, n).await;
             let pods: Api<Pod> = ns.api();
             let template = pods.get("a-0").await.unwrap();
             let direct_ns = TestNamespace::new(&client, &format!("bench-direct-{n}")).await;
@@ -644,6 +688,8 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
                 "direct_s": direct.as_secs_f64(),
                 "ratio": direct.as_secs_f64() / managed.as_secs_f64(),
                 "requests_per_agent": managed_requests,
+                "requests_settled_per_agent": settled,
+                "manager_requests_settled_per_agent": managers_own(&settled),
                 "requests_per_pod_direct": direct_requests,
             });
             eprintln!("throughput: {row}");
@@ -656,7 +702,8 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
             fp["heap_each"] = json!([
                 heap_per_object::<Agent>(&client, &ns.name).await,
                 heap_per_object::<autonomic_manager::internals::PodView>(&client, &ns.name).await,
-                heap_per_object::<k8s_openapi::api::core::v1::Secret>(&client, &ns.name).await,
+                heap_per_object::<autonomic_manager::internals::SecretView>(&client, &ns.name)
+                    .await,
             ]);
         }
         footprints.push(fp);

@@ -243,9 +243,10 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
         tracing::error!("invalid backoff configuration: managed mode disabled");
         return;
     };
-    // The first snapshot must hold everything: wait for the watches' initial lists.
+    // The first snapshot must hold everything: wait for the initial lists of what the
+    // wire form reads.
     tokio::select! {
-        () = ctx.store.synced.wait() => {}
+        () = ctx.store.wire_synced.wait() => {}
         _ = shutdown.changed() => return,
     }
     let ids = Ids {

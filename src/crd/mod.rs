@@ -86,6 +86,23 @@ pub const CRDS_YAML: &str = concat!(
     include_str!("../../crds/memories.autonomic.sh.yaml"),
 );
 
+/// The CRDs of [`CRDS_YAML`], read back: what `check` compares the installed ones with.
+/// Read through JSON text, as the API server's answers are, so the binary holds one
+/// reader of the CRD types and no schema generator (tests/crds.rs holds `crds/` equal to
+/// the generated CRDs).
+pub fn embedded_crds() -> Vec<CustomResourceDefinition> {
+    CRDS_YAML
+        .split("\n---\n")
+        .map(|doc| doc.trim_start_matches("---\n"))
+        .filter(|doc| !doc.trim().is_empty())
+        .map(|doc| {
+            let value: serde_json::Value =
+                serde_saphyr::from_str(doc).expect("the embedded CRDs are YAML");
+            serde_json::from_str(&value.to_string()).expect("the embedded CRDs are CRDs")
+        })
+        .collect()
+}
+
 /// Every CRD as the Rust types generate it, one YAML document each.
 pub fn crds_yaml() -> String {
     crd_files().into_iter().map(|(_, yaml)| yaml).collect()
@@ -204,3 +221,16 @@ phase_status!(
     RuntimeStatus, RuntimePhase, ready: RuntimePhase::Ready, warn: [RuntimePhase::Invalid];
     MemoryStatus, MemoryPhase, ready: MemoryPhase::Bound, warn: [MemoryPhase::Error]
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_crds_read_back_as_the_generated_ones() {
+        let json = |c: &[CustomResourceDefinition]| serde_json::to_value(c).unwrap();
+        let embedded = embedded_crds();
+        assert_eq!(embedded.len(), 4);
+        assert_eq!(json(&embedded), json(&crds()));
+    }
+}

@@ -463,11 +463,11 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
         let cached = ctx.store.secrets.get(&ns, &secret_name(&name));
         refused = ctx
             .kube
-            .apply(&ns, &desired_secret(&agent, refs), cached.as_deref())
+            .write_secret(&desired_secret(&agent, refs), cached.as_deref())
             .await?
             .refused();
     }
-    let current = ctx.store.pods.get(&ns, &name);
+    let mut current = ctx.store.pods.get(&ns, &name);
     let mut plan = plan(&agent, &desired, current.as_deref());
     let mut requeue = None;
     if let Some(why) = refused {
@@ -492,11 +492,20 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
     }
     match (&plan.action, &desired) {
         (PodAction::Create, Ok(pod)) => {
-            if let Some(why) = ctx.kube.create_pod(pod).await?.refused() {
-                // The API server refused the pod itself (an invalid quantity, a quota):
-                // that is the spec's fault; retry slowly in case a quota frees up.
-                plan = problem(&why.into());
-                requeue = Some(Duration::from_secs(60));
+            match ctx.kube.create_pod_read(pod).await? {
+                // The status from the pod as created, not "creating pod": the pod's first
+                // watch event then changes nothing, and no second status write follows.
+                Ok(Some(created)) => {
+                    current = Some(Arc::new(created));
+                    plan = self::plan(&agent, &desired, current.as_deref());
+                }
+                Ok(None) => {}
+                Err(why) => {
+                    // The API server refused the pod itself (an invalid quantity, a
+                    // quota): the spec's fault; retry slowly in case a quota frees up.
+                    plan = problem(&why.into());
+                    requeue = Some(Duration::from_secs(60));
+                }
             }
         }
         (PodAction::Delete | PodAction::Recreate, _) => {

@@ -107,7 +107,7 @@ pub async fn reconcile(ctx: &Context, memory: Arc<Memory>) -> Result<Outcome, Er
             let name = secret_name(&memory.name_any());
             let cached = ctx.store.secrets.get(&ns, &name);
             let desired = desired_secret(&memory, &url);
-            match ctx.kube.apply(&ns, &desired, cached.as_deref()).await? {
+            match ctx.kube.write_secret(&desired, cached.as_deref()).await? {
                 Written::Done => (MemoryPhase::Bound, Reason::Bound, String::new(), Some(name)),
                 Written::Refused(why) => error(why.into()),
             }

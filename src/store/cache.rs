@@ -12,20 +12,32 @@ use kube::{Resource, ResourceExt};
 /// `(namespace, name)`.
 pub type ObjKey = (String, String);
 
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+/// The prefix of the annotations the manager reads (`autonomic.sh/spec-hash`,
+/// `autonomic.sh/context-summary`, on its pods).
+const OUR_ANNOTATIONS: &str = "autonomic.sh/";
 
 /// What the cache keeps of an object: the object less what nothing here reads (server-side
-/// apply's field ownership and kubectl's copy of the last applied object, which can double
-/// an object's size). One pod, Agent and Secret are cached per Agent, so this is most of
-/// the manager's memory; pods are cached as the slim [`super::PodView`].
-pub fn trim<K: Resource>(obj: &mut K) {
+/// apply's field ownership, annotations but our own — kubectl's copy of the last applied
+/// object can double an object's size —, a pod's labels, which the manager selects by but
+/// never reads). One pod, Agent and Secret are cached per Agent, so this is most of the
+/// manager's memory; pods and Secrets are cached as the slim [`super::PodView`] and
+/// [`super::SecretView`].
+pub fn trim<K: Resource<DynamicType = ()>>(obj: &mut K) {
+    let pod = K::kind(&()) == "Pod";
     let meta = obj.meta_mut();
     meta.managed_fields = None;
+    meta.self_link = None;
     if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED);
+        annotations.retain(|k, _| k.starts_with(OUR_ANNOTATIONS));
+    }
+    // An empty map still holds a node on the heap.
+    if meta.annotations.as_ref().is_some_and(|a| a.is_empty()) {
+        meta.annotations = None;
+    }
+    if pod {
+        meta.labels = None;
     }
 }
-
 /// The latest state of every watched object of one type.
 pub struct Cache<K> {
     objects: RwLock<BTreeMap<ObjKey, Arc<K>>>,
@@ -39,7 +51,7 @@ impl<K> Default for Cache<K> {
     }
 }
 
-impl<K: ResourceExt> Cache<K> {
+impl<K: ResourceExt + Resource<DynamicType = ()>> Cache<K> {
     pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
         let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
         objects

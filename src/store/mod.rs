@@ -6,15 +6,17 @@
 
 mod cache;
 mod pod;
+mod secret;
 pub mod watch;
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use cache::{Cache, ObjKey, SyncGate, trim};
 pub use pod::PodView;
+pub use secret::SecretView;
 
 use crate::crd::{Agent, Key, Kind, Memory, Runtime, Tool};
 
@@ -31,12 +33,15 @@ pub struct Store {
     pub tools: Cache<Tool>,
     pub runtimes: Cache<Runtime>,
     pub memories: Cache<Memory>,
-    /// Pods, Services and Secrets labelled as ours.
+    /// Pods, Services and Secrets labelled as ours; pods and Secrets slim.
     pub pods: Cache<PodView>,
     pub services: Cache<Service>,
-    pub secrets: Cache<Secret>,
+    pub secrets: Cache<SecretView>,
     /// Opens once every watch has listed.
     pub synced: SyncGate,
+    /// Opens once the watches the wire form reads (the custom resources and pods) have
+    /// listed: the first snapshot waits for this one, not for Secrets and Services.
+    pub wire_synced: SyncGate,
 }
 
 impl Store {

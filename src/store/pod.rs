@@ -9,7 +9,7 @@
 
 use k8s_openapi::api::core::v1::{ContainerState, Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 #[derive(kube::Resource, Clone, Debug, Default, Deserialize, PartialEq)]
 #[resource(inherit = Pod)]
@@ -32,6 +32,9 @@ pub struct PodViewStatus {
     pub reason: Option<String>,
     pub message: Option<String>,
     pub start_time: Option<Time>,
+    /// Only a `PodScheduled` condition that is not true: the one condition the manager
+    /// reads (why a pod is unschedulable). A running pod has four or five more.
+    #[serde(default, deserialize_with = "unscheduled_only")]
     pub conditions: Option<Vec<PodCondition>>,
     pub container_statuses: Option<Vec<ContainerView>>,
     pub init_container_statuses: Option<Vec<ContainerView>>,
@@ -47,4 +50,16 @@ pub struct ContainerView {
     #[serde(default)]
     pub restart_count: i32,
     pub state: Option<ContainerState>,
+}
+
+fn unscheduled_only<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Vec<PodCondition>>, D::Error> {
+    let conditions: Option<Vec<PodCondition>> = Option::deserialize(d)?;
+    Ok(conditions
+        .map(|mut c| {
+            c.retain(|c| c.type_ == "PodScheduled" && c.status != "True");
+            c
+        })
+        .filter(|c| !c.is_empty()))
 }

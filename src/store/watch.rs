@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -17,13 +17,17 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use super::cache::ObjKey;
-use super::{Cache, MANAGED_SELECTOR, PodView, Store, controller_of};
+use super::{Cache, MANAGED_SELECTOR, PodView, SecretView, Store, controller_of};
 use crate::crd::{Agent, Key, Kind, Memory, Runtime, Tool};
 
-/// Objects per list request of the initial (and every re-) list. Small pages: a list's
-/// page is held whole, at full size, before the cache slims its objects; 500 pods (the
-/// default) is most of the peak.
-const LIST_PAGE: u32 = 100;
+/// Objects per list request of the initial (and every re-) list, by kind. A page's body
+/// is held whole, twice over, while it is read (kube copies it into one buffer, then into
+/// a string): about 7 KB a pod as served, 1 KB an Agent or Secret. Pages of 500 pods
+/// raised the peak with 1 000 Agents by half (BENCHMARKS.md); pages of 100 made a fresh
+/// manager's lists of 10 000 Agents, pods and Secrets 300 round trips. The lists run
+/// at once, one per kind: the pods' is the longest.
+const LIST_PAGE: u32 = 500;
+const LIST_PAGE_PODS: u32 = 200;
 
 /// Secrets per list request. Any namespace user can label Secrets of up to 1 MiB as
 /// ours, and a page is held whole (its JSON, then the decoded objects) before the cache
@@ -42,7 +46,7 @@ pub enum Object<'a> {
     Memory(&'a Memory),
     Pod(&'a PodView),
     Service(&'a Service),
-    Secret(&'a Secret),
+    Secret(&'a SecretView),
 }
 
 /// What a watch saw: an object now in the cache, or one that left it.
@@ -154,11 +158,16 @@ impl Watch<'_> {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
             None => Api::all(self.client.clone()),
         };
-        let page = if K::kind(&()) == "Secret" {
-            SECRET_PAGE
-        } else {
-            LIST_PAGE
+        let kind = K::kind(&());
+        let page = match kind.as_ref() {
+            "Secret" => SECRET_PAGE,
+            "Pod" => LIST_PAGE_PODS,
+            _ => LIST_PAGE,
         };
+        // The wire form reads the custom resources and pods, never Secrets or Services:
+        // the first snapshot need not wait for their lists (the Secrets' is the longest,
+        // in pages of SECRET_PAGE).
+        let wire = !matches!(kind.as_ref(), "Secret" | "Service");
         let mut config = watcher::Config::default().page_size(page);
         if let Some(selector) = selector {
             config = config.labels(selector);
@@ -178,6 +187,7 @@ impl Watch<'_> {
         let fed = drive(
             api,
             config,
+            wire,
             self.scope.clone(),
             self.store.clone(),
             cache,
@@ -197,15 +207,26 @@ impl Watch<'_> {
 fn drive<K>(
     api: Api<K>,
     config: watcher::Config,
+    wire: bool,
     scope: Option<String>,
     store: Arc<Store>,
     cache: fn(&Store) -> &Cache<K>,
     on_change: impl Fn(&K, bool) + Send,
 ) -> impl Future<Output = ()> + Send
 where
-    K: Resource + ResourceExt + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()>
+        + ResourceExt
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
 {
     store.synced.expect();
+    if wire {
+        store.wire_synced.expect();
+    }
     async move {
         let mut first_sync = true;
         let mut seen: HashSet<ObjKey> = HashSet::new();
@@ -235,6 +256,9 @@ where
                     if first_sync {
                         first_sync = false;
                         store.synced.mark();
+                        if wire {
+                            store.wire_synced.mark();
+                        }
                     }
                 }
                 Event::Apply(obj) => on_change(&c.insert(obj), false),
