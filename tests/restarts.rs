@@ -17,6 +17,11 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
+use serde_json::json;
+use support::cluster_state;
+use support::fake_cp::{FakeCp, Received};
+use support::faults::{Fault, FaultProxy};
+use support::own_bed::{kubeconfig_on, server_of};
 use support::*;
 
 const IDLE: &str = r#"["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]"#;
@@ -308,4 +313,172 @@ async fn twenty_restarts_and_ten_failovers_change_nothing_in_200_steady_objects(
     }
     // Nothing was recreated meanwhile by anything else either: the pods still run.
     assert_eq!(phases(&ns).await, steady_phases());
+}
+
+const TOKEN: &str = "tok_live_9b2d4f6a8c1e3a57";
+
+/// A `control` whose actor names it, so its audit event can be found.
+async fn control(cp: &FakeCp, id: &str, action: &str, kind: &str, ns: &str, name: &str) {
+    cp.send(json!({
+        "type": "control", "id": id, "action": action, "actor": format!("{id}@test"),
+        "target": {"kind": kind, "namespace": ns, "name": name},
+    }))
+    .await;
+}
+
+/// How many audit events of `action` the control plane received for `who` (a control's
+/// id, or a shell's session id), over every connection.
+fn audited(cp: &FakeCp, action: &str, who: &str) -> usize {
+    let actor = format!("{who}@test");
+    cp.frames()
+        .iter()
+        .filter(|r| r.frame_type() == Some("audit"))
+        .filter_map(Received::json)
+        .filter(|j| {
+            j["event"]["action"] == action
+                && (j["event"]["actor"] == actor.as_str() || j["event"]["session_id"] == who)
+        })
+        .count()
+}
+
+/// 100 control-plane restarts in a row (the fake goes down with every socket and comes
+/// back on the same port), each with a shell open and a `control` in flight: the
+/// manager's path to the API server stalls (fault proxy) after the control is read, so
+/// its API call is still running when the control plane goes; it is let through once
+/// the new control plane listens. Another control, refused, is answered before. Each
+/// time: the new connection's snapshot equals the cluster (every object but the one
+/// the control in flight is changing, which the deltas then bring to the cluster's
+/// state), and every audit event arrives exactly once: the shell's open and close, the
+/// refused control, and the control in flight.
+#[tokio::test]
+async fn a_hundred_control_plane_restarts_with_shells_and_controls_in_flight() {
+    require_node();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "rs-cp").await;
+    let n = ns.name.clone();
+    create(
+        &ns.api::<Runtime>(),
+        &format!(
+            "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {{name: rt}}\nspec: {{image: '{BUSYBOX_IMAGE}', command: {IDLE}}}"
+        ),
+    )
+    .await;
+    create(
+        &ns.api::<Tool>(),
+        &format!(
+            "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {{name: flip}}\nspec: {{image: '{BUSYBOX_IMAGE}', port: 8080}}"
+        ),
+    )
+    .await;
+    create(
+        &ns.api::<Agent>(),
+        "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: held}\nspec: {runtime: {ref: rt}}",
+    )
+    .await;
+    let cp = FakeCp::start().await;
+    let api = FaultProxy::start(&server_of(&chart_identity(&n, &[&n])));
+    let kubeconfig = kubeconfig_on(&chart_identity(&n, &[&n]), api.port());
+    let mut env = managed_vars(cp.url(), TOKEN);
+    env.push(("KUBECONFIG", kubeconfig.display().to_string()));
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let m = Manager::start_as(&n, &n, &pairs);
+    reported(&cp, &n, "held", "Active").await;
+    let flip = format!("Tool/{n}/flip");
+    let start = Instant::now();
+    let mut slowest = Duration::ZERO;
+    for round in 1..=100u32 {
+        let t = Instant::now();
+        let conn = cp.accepted();
+        let session = format!("sess-{round}");
+        open(
+            &cp,
+            round,
+            target(&n, "held"),
+            Some(&["sleep", "3600"]),
+            true,
+        )
+        .await;
+        cp.wait_frame("io_opened", frame_on("io_opened", round))
+            .await;
+        let refused = format!("refused-{round}");
+        control(&cp, &refused, "pause", "Agent", &n, "nobody").await;
+        cp.wait_frame("the refused control's result", |r| {
+            r.frame_type() == Some("control_result")
+                && r.json().is_some_and(|j| j["id"] == refused.as_str())
+        })
+        .await;
+        // The control in flight: its API call is held by the stalled path.
+        api.set(Fault::Stall);
+        let flying = format!("flying-{round}");
+        let action = if round % 2 == 1 { "pause" } else { "resume" };
+        control(&cp, &flying, action, "Tool", &n, "flip").await;
+        // The manager read the control: it answers a resync sent after it.
+        let asked = Instant::now();
+        cp.send(json!({"type": "resync"})).await;
+        cp.wait_frame("the snapshot answering resync", |r| {
+            r.conn == conn && r.at > asked && r.frame_type() == Some("snapshot")
+        })
+        .await;
+        cp.stop().await;
+        cp.restart().await;
+        api.set(Fault::Pass);
+        let snap = cp
+            .wait_frame("a snapshot for the restarted control plane", |r| {
+                r.conn > conn && r.frame_type() == Some("snapshot")
+            })
+            .await;
+        let mut seen = cluster_state::of_snapshot(&snap);
+        let mut cluster = cluster_state::of_cluster(&client, &[&n]).await;
+        assert!(seen.remove(&flip).is_some() && cluster.remove(&flip).is_some());
+        assert_eq!(
+            seen,
+            cluster,
+            "round {round}: the snapshot differs from the cluster:\n{}",
+            cluster_state::diff(&seen, &cluster)
+        );
+        wait_until("the control plane's view to equal the cluster", || async {
+            let cluster = cluster_state::of_cluster(&client, &[&n]).await;
+            cluster_state::model(&cp.frames(), snap.conn) == Some(cluster)
+        })
+        .await;
+        wait_until("this round's audit events", || async {
+            audited(&cp, "session.open", &session) == 1
+                && audited(&cp, "session.close", &session) == 1
+                && audited(&cp, "control.denied", &refused) == 1
+                && audited(&cp, "control.done", &flying) == 1
+        })
+        .await;
+        // It was in flight: done after its connection was gone, audited on the next.
+        let done_on = cp
+            .frames()
+            .iter()
+            .find(|r| {
+                r.frame_type() == Some("audit")
+                    && r.json()
+                        .is_some_and(|j| j["event"]["actor"] == format!("{flying}@test"))
+            })
+            .map(|r| r.conn);
+        assert!(
+            done_on > Some(conn),
+            "round {round}: the control was audited on connection {done_on:?}, not after the restart"
+        );
+        slowest = slowest.max(t.elapsed());
+    }
+    eprintln!(
+        "100 control-plane restarts in {:?}, the slowest round {slowest:?}",
+        start.elapsed()
+    );
+    // Exactly once each, with nothing dropped from the queue.
+    for round in 1..=100 {
+        let session = format!("sess-{round}");
+        assert_eq!(audited(&cp, "session.open", &session), 1, "{session}");
+        assert_eq!(audited(&cp, "session.close", &session), 1, "{session}");
+        let refused = format!("refused-{round}");
+        assert_eq!(audited(&cp, "control.denied", &refused), 1, "{refused}");
+        let flying = format!("flying-{round}");
+        assert_eq!(audited(&cp, "control.done", &flying), 1, "{flying}");
+    }
+    assert_eq!(m.metric("autonomic_audit_dropped_total").await, 0.0);
+    assert!(cp.accepted() > 100);
+    m.wait_ready().await;
 }

@@ -9,7 +9,7 @@
 //! `TestNamespace`) works on it unchanged. Each integration test runs in a process of
 //! its own under nextest, so that changes no other test.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 /// A free TCP port on 127.0.0.1 (bound, then released).
@@ -19,6 +19,36 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// A copy of `kubeconfig` (any kubeconfig naming `https://127.0.0.1:<port>`, JSON or
+/// YAML) whose server is the one on `port` instead: another API server on the same
+/// etcd, or a proxy in front of one (the test beds' certificates carry the SAN
+/// `127.0.0.1`, which matches any port).
+pub fn kubeconfig_on(kubeconfig: &Path, port: u16) -> PathBuf {
+    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    let at = "https://127.0.0.1:";
+    let start = text
+        .find(at)
+        .unwrap_or_else(|| panic!("{} names no {at}", kubeconfig.display()))
+        + at.len();
+    let end = start + text[start..].find(|c: char| !c.is_ascii_digit()).unwrap();
+    let out = PathBuf::from(format!("{}-{port}", kubeconfig.display()));
+    let text = format!("{}{port}{}", &text[..start], &text[end..]);
+    std::fs::write(&out, text).unwrap();
+    out
+}
+
+/// The API server's `127.0.0.1:<port>` in `kubeconfig`.
+pub fn server_of(kubeconfig: &Path) -> String {
+    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    let at = "https://127.0.0.1:";
+    let start = text.find(at).expect("a 127.0.0.1 server") + "https://".len();
+    let end = start
+        + text[start..]
+            .find(|c: char| c != '.' && c != ':' && !c.is_ascii_digit())
+            .unwrap();
+    text[start..end].to_owned()
 }
 
 pub struct OwnBed {
@@ -72,27 +102,15 @@ impl OwnBed {
         PathBuf::from(format!("{}/kubeconfig", self.dir))
     }
 
-    /// A copy of `kubeconfig` (any kubeconfig naming `https://127.0.0.1:<port>`, JSON
-    /// or YAML) whose server is the one on `port` instead: an API server of this bed, or
-    /// a proxy in front of one (the certificate's SAN `127.0.0.1` matches any port).
-    pub fn kubeconfig_on(&self, kubeconfig: &std::path::Path, port: u16) -> PathBuf {
-        let text = std::fs::read_to_string(kubeconfig).unwrap();
-        let at = "https://127.0.0.1:";
-        let start = text
-            .find(at)
-            .unwrap_or_else(|| panic!("{} names no {at}", kubeconfig.display()))
-            + at.len();
-        let end = start + text[start..].find(|c: char| !c.is_ascii_digit()).unwrap();
-        let out = PathBuf::from(format!("{}-{port}", kubeconfig.display()));
-        let text = format!("{}{port}{}", &text[..start], &text[end..]);
-        std::fs::write(&out, text).unwrap();
-        out
+    /// [`kubeconfig_on`] for this bed's kubeconfigs.
+    pub fn kubeconfig_on(&self, kubeconfig: &Path, port: u16) -> PathBuf {
+        kubeconfig_on(kubeconfig, port)
     }
 
     /// Points this test process at the bed: the admin kubeconfig `kubeconfig` (this
     /// bed's, or a copy from [`kubeconfig_on`](Self::kubeconfig_on)) and the
     /// apiserver-only mode (no ServiceAccount controller to wait for).
-    pub fn make_default(&self, kubeconfig: &std::path::Path) {
+    pub fn make_default(&self, kubeconfig: &Path) {
         // SAFETY: called first thing in a test, before its threads (the fake control
         // plane's, kube's) exist; nextest runs each test in a process of its own.
         unsafe {
