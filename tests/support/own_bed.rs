@@ -51,16 +51,25 @@ pub fn server_of(kubeconfig: &Path) -> String {
     text[start..end].to_owned()
 }
 
+/// One bed at a time per process: [`OwnBed::make_default`] sets the process's
+/// environment. Under nextest every test is a process of its own and this never waits;
+/// under `cargo test` (threads) the tests that use a bed of their own take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 pub struct OwnBed {
     pub dir: String,
     /// The port of the bed's kube-apiserver (the one `restart_apiserver` restarts).
     pub port: u16,
     env: Vec<(&'static str, String)>,
+    /// Released after `down` (fields drop after `Drop::drop`).
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
 
 impl OwnBed {
     /// Starts the bed; `apiserver_args` are extra kube-apiserver flags (space-separated).
     pub fn up(apiserver_args: &str) -> OwnBed {
+        // A test that failed while holding it poisoned it; the next may still run.
+        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         let (port, etcd, peer) = (free_port(), free_port(), free_port());
         let dir = format!("/tmp/autonomic-own-bed-{port}");
         let env = vec![
@@ -70,7 +79,12 @@ impl OwnBed {
             ("AUTONOMIC_TESTBED_ETCD_PEER_PORT", peer.to_string()),
             ("AUTONOMIC_TESTBED_APISERVER_ARGS", apiserver_args.into()),
         ];
-        let bed = OwnBed { dir, port, env };
+        let bed = OwnBed {
+            dir,
+            port,
+            env,
+            _turn: turn,
+        };
         bed.ok(&["up", "--apiserver-only"]);
         bed
     }
@@ -112,7 +126,8 @@ impl OwnBed {
     /// apiserver-only mode (no ServiceAccount controller to wait for).
     pub fn make_default(&self, kubeconfig: &Path) {
         // SAFETY: called first thing in a test, before its threads (the fake control
-        // plane's, kube's) exist; nextest runs each test in a process of its own.
+        // plane's, kube's) exist; nextest runs each test in a process of its own, and
+        // under `cargo test` the bed's turn keeps the other tests with a bed waiting.
         unsafe {
             std::env::set_var("KUBECONFIG", kubeconfig);
             std::env::set_var("AUTONOMIC_TESTBED_MODE", "apiserver");
