@@ -7,6 +7,15 @@
 #   cluster.sh status                  exit 0 if the apiserver of $STATE answers
 #   cluster.sh import TAR...           import image archives (docker-archive or OCI)
 #                                      into the test bed's containerd (full mode)
+#   cluster.sh stop-apiserver [NAME]   stop the bed's kube-apiserver (or the extra one
+#                                      NAME) and wait until it is gone; etcd stays up
+#   cluster.sh start-apiserver [NAME PORT]  start it again (with the flags `up` used),
+#                                      or an extra one NAME on PORT (same etcd, an HA
+#                                      pair); returns when it answers /readyz
+#   cluster.sh restart-apiserver       stop-apiserver, then start-apiserver
+#   cluster.sh compact                 compact etcd at its current revision; prints it
+# The four above are for a test's own apiserver-only bed (faults: restarts, 410 Gone):
+# never point them at a shared bed other tests use.
 #
 # Modes: full (default) = etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, containerd, kubelet, kube-proxy and a CNI bridge; the node is
@@ -327,7 +336,7 @@ start_etcd() {
 }
 
 start_apiserver() {
-    local full="$1" node_ip="$2" minor
+    local full="$1" node_ip="$2" name="${3:-kube-apiserver}" minor
     minor="$(apiserver_minor "$APISERVER_BIN")"
     local args=(
         --etcd-servers "http://127.0.0.1:${ETCD_PORT}"
@@ -371,7 +380,7 @@ start_apiserver() {
         read -ra extra <<<"$AUTONOMIC_TESTBED_APISERVER_ARGS"
         args+=("${extra[@]}")
     fi
-    start_proc kube-apiserver "$APISERVER_BIN" "${args[@]}"
+    start_proc "$name" "$APISERVER_BIN" "${args[@]}"
 }
 
 # overlayfs works on this VM's disk; fall back to `native` where it does not
@@ -765,6 +774,13 @@ stop_all() {
     done
     kill_wait 5 "${pids[@]+"${pids[@]}"}"
     stop_containers
+    local extra
+    for extra in "${PIDS}"/kube-apiserver-*.pid; do
+        [[ -f "$extra" ]] || continue
+        name="$(basename "$extra" .pid)"
+        pid="$(recorded_pid "$name" || true)"
+        [[ -n "$pid" ]] && kill_wait 10 "$pid"
+    done
     for name in containerd kube-apiserver etcd; do
         pid="$(recorded_pid "$name" || true)"
         [[ -n "$pid" ]] && kill_wait 10 "$pid"
@@ -859,6 +875,10 @@ testbed_node_pids() {
 cmd_down() {
     local t0
     t0="$(now_s)"
+    # An apiserver-only bed made no bridge, iptables chain or pod cgroup: its `down`
+    # touches nothing outside its state dir (another bed on the machine may own them).
+    local mode=""
+    [[ -f "${STATE}/mode" ]] && mode="$(cat "${STATE}/mode")"
     # A state dir holding our files is recognised by the pids/ dir or the mode file.
     if [[ -d "$STATE" ]]; then
         stop_all
@@ -870,7 +890,9 @@ cmd_down() {
     # (ours is stopped by now) still runs, e.g. one with another state dir.
     local other
     other="$(testbed_node_pids)"
-    if [[ -z "$other" ]]; then
+    if [[ "$mode" == apiserver-only ]]; then
+        :
+    elif [[ -z "$other" ]]; then
         if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE" || true; fi
         if ip link show "$DUMMY_IF" >/dev/null 2>&1; then ip link del "$DUMMY_IF" || true; fi
         clean_iptables
@@ -882,6 +904,54 @@ cmd_down() {
         rm -rf --one-file-system "$STATE"
     fi
     log "down ($(elapsed "$t0") s)"
+}
+
+# ================================================== apiserver restarts, compaction
+
+# The mode `up` recorded; refuses a dir that holds no bed.
+bed_mode() {
+    [[ -s "${STATE}/mode" ]] || die "no test bed in ${STATE}"
+    cat "${STATE}/mode"
+}
+
+cmd_stop_apiserver() {
+    local name="${1:-kube-apiserver}" pid
+    bed_mode >/dev/null
+    pid="$(recorded_pid "$name" || true)"
+    [[ -n "$pid" ]] || die "no running ${name} recorded in ${PIDS}"
+    kill_wait 10 "$pid"
+    rm -f "${PIDS}/${name}.pid"
+    log "${name} (pid ${pid}) stopped"
+}
+
+cmd_start_apiserver() {
+    local name="${1:-kube-apiserver}" full=0 t0
+    if [[ $# -ge 2 ]]; then
+        APISERVER_PORT="$2"
+        API_URL="https://127.0.0.1:${APISERVER_PORT}"
+    fi
+    [[ "$name" == kube-apiserver || "$name" == kube-apiserver-* ]] ||
+        die "an extra API server's name starts with kube-apiserver-: ${name}"
+    [[ "$(bed_mode)" == full ]] && full=1
+    t0="$(now_s)"
+    [[ -z "$(recorded_pid "$name" || true)" ]] || die "${name} is running already"
+    resolve_binaries "$full"
+    start_apiserver "$full" "$(cat "${STATE}/node-ip")" "$name"
+    wait_for "$name" 60 api_ready
+    log "${name} ready on ${APISERVER_PORT} after $(elapsed "$t0") s"
+}
+
+# etcd's own HTTP gateway (JSON, no etcdctl needed): the revision from a range header,
+# then a physical compaction at it (returns once the old revisions are gone).
+cmd_compact() {
+    local etcd="http://127.0.0.1:${ETCD_PORT}" rev
+    bed_mode >/dev/null
+    rev="$(curl -fsS --max-time 5 -X POST "${etcd}/v3/kv/range" -d '{"key":"AA==","limit":1}' |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["header"]["revision"])')"
+    curl -fsS --max-time 30 -X POST "${etcd}/v3/kv/compaction" \
+        -d "{\"revision\":\"${rev}\",\"physical\":true}" >/dev/null
+    log "etcd compacted at revision ${rev}"
+    printf '%s\n' "$rev"
 }
 
 # ======================================================================= misc
@@ -917,6 +987,13 @@ main() {
         down) cmd_down ;;
         status) cmd_status ;;
         import) cmd_import "$@" ;;
+        stop-apiserver) cmd_stop_apiserver "$@" ;;
+        start-apiserver) cmd_start_apiserver "$@" ;;
+        restart-apiserver)
+            cmd_stop_apiserver
+            cmd_start_apiserver
+            ;;
+        compact) cmd_compact ;;
         -h | --help | help) usage ;;
         *) usage ;;
     esac

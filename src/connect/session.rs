@@ -424,6 +424,11 @@ async fn run_with<S: Transport>(
         }
         Err(end) => end,
     };
+    // A `control` in flight runs to its end (bounded by CONTROL_TIMEOUT) and is audited
+    // there, for the next connection to receive; only its `control_result` has no
+    // connection left. Dropping the set would abort it halfway: an action applied, or
+    // not, and never audited.
+    conn.controls.detach_all();
     // §6: every exec of this connection ends with it, and is audited. After the close,
     // so that a replica stepping down is off the control plane first.
     let (why, grace) = match end {
@@ -865,6 +870,38 @@ mod tests {
         assert_eq!((result.id.as_str(), result.ok), ("c", true));
         assert_eq!(Instant::now() - sent_at, Duration::from_secs(3));
         stopped(cp, stop, task).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_control_in_flight_when_the_connection_drops_runs_to_its_end() {
+        static FINISHED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        fn slow_answer(_: Arc<Context>, c: Control) -> BoxFuture<'static, Frame> {
+            async move {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                // Where the real answer audits what it did.
+                FINISHED.store(true, std::sync::atomic::Ordering::SeqCst);
+                Frame::ControlResult(ControlResult {
+                    id: c.id,
+                    ok: true,
+                    error: None,
+                })
+            }
+            .boxed()
+        }
+        let (mut cp, _stop, _, task) = start_with(1 << 20, slow_answer).await;
+        next_frame(&mut cp).await;
+        cp.send(Message::text(WELCOME_2S)).await.unwrap();
+        next_frame(&mut cp).await;
+        cp.send(control("c")).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // The control plane goes away while the request runs.
+        drop(cp);
+        assert!(matches!(task.await.unwrap(), End::Dropped(_)));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            FINISHED.load(std::sync::atomic::Ordering::SeqCst),
+            "the control was cut off with its connection, unaudited"
+        );
     }
 
     /// A change to an object the store does not hold: a removal in the delta.

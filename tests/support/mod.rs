@@ -5,10 +5,12 @@
 // Waits on child processes block a thread on purpose (clippy.toml bans that in the
 // manager).
 #![allow(clippy::disallowed_methods)]
+pub mod cluster_state;
 pub mod connect_proxy;
 pub mod fake_cp;
 pub mod fake_http;
 pub mod faults;
+pub mod own_bed;
 pub mod pki;
 
 use std::io::{BufRead, BufReader};

@@ -1,0 +1,173 @@
+//! A test bed of the test's own: etcd and kube-apiserver (apiserver-only, no node) on
+//! free ports in a state dir of its own, started by `testbed/cluster.sh`, for the faults
+//! that must not touch the shared bed: kube-apiserver restarts, an extra API server on
+//! the same etcd (an HA pair: changes are made through it while the other is down), and
+//! etcd compactions. Taken down on drop; its `down` touches nothing outside its dir.
+//!
+//! [`OwnBed::make_default`] points this test process at the bed (`KUBECONFIG`, the
+//! apiserver-only mode), so the support code (`client`, `kubectl`, `chart_identity`,
+//! `TestNamespace`) works on it unchanged. Each integration test runs in a process of
+//! its own under nextest, so that changes no other test.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// A free TCP port on 127.0.0.1 (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A copy of `kubeconfig` (any kubeconfig naming `https://127.0.0.1:<port>`, JSON or
+/// YAML) whose server is the one on `port` instead: another API server on the same
+/// etcd, or a proxy in front of one (the test beds' certificates carry the SAN
+/// `127.0.0.1`, which matches any port).
+pub fn kubeconfig_on(kubeconfig: &Path, port: u16) -> PathBuf {
+    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    let at = "https://127.0.0.1:";
+    let start = text
+        .find(at)
+        .unwrap_or_else(|| panic!("{} names no {at}", kubeconfig.display()))
+        + at.len();
+    let end = start + text[start..].find(|c: char| !c.is_ascii_digit()).unwrap();
+    let out = PathBuf::from(format!("{}-{port}", kubeconfig.display()));
+    let text = format!("{}{port}{}", &text[..start], &text[end..]);
+    std::fs::write(&out, text).unwrap();
+    out
+}
+
+/// The API server's `127.0.0.1:<port>` in `kubeconfig`.
+pub fn server_of(kubeconfig: &Path) -> String {
+    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    let at = "https://127.0.0.1:";
+    let start = text.find(at).expect("a 127.0.0.1 server") + "https://".len();
+    let end = start
+        + text[start..]
+            .find(|c: char| c != '.' && c != ':' && !c.is_ascii_digit())
+            .unwrap();
+    text[start..end].to_owned()
+}
+
+/// One bed at a time per process: [`OwnBed::make_default`] sets the process's
+/// environment. Under nextest every test is a process of its own and this never waits;
+/// under `cargo test` (threads) the tests that use a bed of their own take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub struct OwnBed {
+    pub dir: String,
+    /// The port of the bed's kube-apiserver (the one `restart_apiserver` restarts).
+    pub port: u16,
+    env: Vec<(&'static str, String)>,
+    /// Released after `down` (fields drop after `Drop::drop`).
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+impl OwnBed {
+    /// Starts the bed; `apiserver_args` are extra kube-apiserver flags (space-separated).
+    pub fn up(apiserver_args: &str) -> OwnBed {
+        // A test that failed while holding it poisoned it; the next may still run.
+        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let (port, etcd, peer) = (free_port(), free_port(), free_port());
+        let dir = format!("/tmp/autonomic-own-bed-{port}");
+        let env = vec![
+            ("AUTONOMIC_TESTBED_DIR", dir.clone()),
+            ("AUTONOMIC_TESTBED_APISERVER_PORT", port.to_string()),
+            ("AUTONOMIC_TESTBED_ETCD_PORT", etcd.to_string()),
+            ("AUTONOMIC_TESTBED_ETCD_PEER_PORT", peer.to_string()),
+            ("AUTONOMIC_TESTBED_APISERVER_ARGS", apiserver_args.into()),
+        ];
+        let bed = OwnBed {
+            dir,
+            port,
+            env,
+            _turn: turn,
+        };
+        bed.ok(&["up", "--apiserver-only"]);
+        bed
+    }
+
+    fn cluster(&self, args: &[&str]) -> Output {
+        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/testbed/cluster.sh"))
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
+            // Not the test's KUBEBUILDER_ASSETS or KUBECONFIG: the bed is described above.
+            .env_remove("KUBEBUILDER_ASSETS")
+            .stdin(Stdio::null())
+            .output()
+            .expect("testbed/cluster.sh")
+    }
+
+    /// Runs a cluster.sh command that must succeed; its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.cluster(args);
+        assert!(
+            out.status.success(),
+            "cluster.sh {args:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The bed's admin kubeconfig.
+    pub fn kubeconfig(&self) -> PathBuf {
+        PathBuf::from(format!("{}/kubeconfig", self.dir))
+    }
+
+    /// [`kubeconfig_on`] for this bed's kubeconfigs.
+    pub fn kubeconfig_on(&self, kubeconfig: &Path, port: u16) -> PathBuf {
+        kubeconfig_on(kubeconfig, port)
+    }
+
+    /// Points this test process at the bed: the admin kubeconfig `kubeconfig` (this
+    /// bed's, or a copy from [`kubeconfig_on`](Self::kubeconfig_on)) and the
+    /// apiserver-only mode (no ServiceAccount controller to wait for).
+    pub fn make_default(&self, kubeconfig: &Path) {
+        // SAFETY: called first thing in a test, before its threads (the fake control
+        // plane's, kube's) exist; nextest runs each test in a process of its own, and
+        // under `cargo test` the bed's turn keeps the other tests with a bed waiting.
+        unsafe {
+            std::env::set_var("KUBECONFIG", kubeconfig);
+            std::env::set_var("AUTONOMIC_TESTBED_MODE", "apiserver");
+        }
+    }
+
+    /// Stops the bed's kube-apiserver (etcd stays) and returns once it is gone.
+    pub fn stop_apiserver(&self) {
+        self.ok(&["stop-apiserver"]);
+    }
+
+    /// Starts it again with its flags; returns once it answers `/readyz`.
+    pub fn start_apiserver(&self) {
+        self.ok(&["start-apiserver"]);
+    }
+
+    /// Starts a second kube-apiserver on the same etcd; its port.
+    pub fn start_second_apiserver(&self) -> u16 {
+        let port = free_port();
+        self.ok(&[
+            "start-apiserver",
+            "kube-apiserver-second",
+            &port.to_string(),
+        ]);
+        port
+    }
+
+    /// Compacts etcd at its current revision; that revision.
+    pub fn compact(&self) -> u64 {
+        let out = self.ok(&["compact"]);
+        out.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("cluster.sh compact printed {out:?}"))
+    }
+}
+
+impl Drop for OwnBed {
+    fn drop(&mut self) {
+        let _ = self.cluster(&["down"]);
+        // cluster.sh serialises up/down on a lock file beside the state dir.
+        let _ = std::fs::remove_file(format!("{}.lock", self.dir));
+    }
+}
