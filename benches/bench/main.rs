@@ -4,6 +4,7 @@
 //!
 //!   bench bulk  --sizes 0,1000[,10000] --changes N --out FILE   items 1–6 (apiserver bed)
 //!   bench shell --out FILE                                      item 7 (a bed with a node)
+//!   bench burst --out FILE                                      item 14 (a bed with a node)
 //!   bench render --md BENCHMARKS.md [--before FILE]... FILE...  the results section
 //!
 //! Every figure comes from the run; nothing is typed in.
@@ -90,6 +91,7 @@ fn main() {
                 bulk(&sizes, changes).await
             }
             "shell" => shell().await,
+            "burst" => burst().await,
             other => panic!("unknown command {other}"),
         }
     });
@@ -947,4 +949,158 @@ async fn shell() -> Value {
     eprintln!("shell: {out}");
     drop(m);
     json!({ "shell": out })
+}
+
+/// Agents (and bare pods) in the burst item: the test bed's one node runs at most 110
+/// pods (the kubelet's default), so the 1 000 is scaled to what fits, with room
+/// for the warm-up Agent whose pod and Secret are the bare pods' template.
+const BURST: usize = 100;
+
+/// Waits until `done` holds for `n` distinct objects that a watch on `api` sees; the
+/// instant it first did.
+fn count_where<K>(api: Api<K>, n: usize, done: fn(&K) -> bool) -> tokio::task::JoinHandle<Instant>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut seen = HashSet::new();
+        let mut events = watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = events.next().await {
+            match ev {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) if done(&o) => {
+                    seen.insert(o.name_any());
+                    if seen.len() >= n {
+                        return Instant::now();
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => eprintln!("watch: {e}"),
+            }
+        }
+        panic!("watch ended")
+    })
+}
+
+fn pod_running(p: &Pod) -> bool {
+    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+fn agent_active(a: &Agent) -> bool {
+    a.status
+        .as_ref()
+        .is_some_and(|s| s.phase == Some(autonomic_manager::crd::AgentPhase::Active))
+}
+
+/// Deletes every object of `api` and waits until their pods are gone, so the next run
+/// starts on an empty node.
+async fn empty(client: &kube::Client, ns: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let agents: Api<Agent> = Api::namespaced(client.clone(), ns);
+    let all = Default::default();
+    let _ = agents
+        .delete_collection(&DeleteParams::default(), &all)
+        .await;
+    let _ = pods.delete_collection(&DeleteParams::default(), &all).await;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while !pods.list(&all).await.expect("list pods").items.is_empty() {
+        assert!(Instant::now() < deadline, "pods of {ns} not gone in 10 min");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Item 14: a burst of Agents created at once until all are `Active`, against the same
+/// number of bare pods shaped like theirs (config Secret volume included) until all are
+/// `Running`, on the bed's node, in the same run. The bare pods go first, then the
+/// Agents, each on an empty node.
+async fn burst() -> Value {
+    let client = support::client().await;
+    support::require_node();
+    let ns = TestNamespace::new(&client, "bench-burst").await;
+    let cp = FakeCp::start().await;
+    let m = start_manager(&ns.name, &cp);
+    m.wait_ready().await;
+    let agents: Api<Agent> = ns.api();
+    let pods: Api<Pod> = ns.api();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = ns.api();
+
+    // The template: one Agent's pod and config Secret, as the manager made them.
+    agents
+        .create(&PostParams::default(), &agent_object("warm"))
+        .await
+        .unwrap();
+    support::wait_for(&agents, "warm", "Active", agent_active).await;
+    let template = pods.get("warm").await.unwrap();
+    let secret = secrets.get("warm-agent").await.unwrap();
+    empty(&client, &ns.name).await;
+
+    // Bare pods: each with a Secret of its own (a copy of the config Secret), created
+    // first, untimed, as the manager's Secrets are part of its work but a bare pod's
+    // author would have them already.
+    let copies: Vec<_> = (0..BURST)
+        .map(|i| {
+            let mut s = k8s_openapi::api::core::v1::Secret {
+                data: secret.data.clone(),
+                type_: secret.type_.clone(),
+                ..Default::default()
+            };
+            s.metadata.name = Some(format!("d-{i}-config"));
+            s
+        })
+        .collect();
+    create_all(&secrets, copies).await;
+    let bare: Vec<Pod> = (0..BURST)
+        .map(|i| {
+            let mut p = template.clone();
+            p.metadata = Default::default();
+            p.metadata.name = Some(format!("d-{i}"));
+            p.status = None;
+            let spec = p.spec.as_mut().unwrap();
+            spec.node_name = None;
+            for v in spec.volumes.iter_mut().flatten() {
+                if let Some(s) = v
+                    .secret
+                    .as_mut()
+                    .filter(|s| s.secret_name.as_deref() == Some("warm-agent"))
+                {
+                    s.secret_name = Some(format!("d-{i}-config"));
+                }
+            }
+            p
+        })
+        .collect();
+    let running = count_where(pods.clone(), BURST, pod_running);
+    let t0 = Instant::now();
+    create_all(&pods, bare).await;
+    let direct = tokio::time::timeout(Duration::from_secs(1800), running)
+        .await
+        .expect("bare pods Running within 30 min")
+        .unwrap()
+        - t0;
+    eprintln!("burst: {BURST} bare pods Running in {direct:?}");
+    empty(&client, &ns.name).await;
+
+    let active = count_where(agents.clone(), BURST, agent_active);
+    let t0 = Instant::now();
+    create_all(
+        &agents,
+        (0..BURST)
+            .map(|i| agent_object(&format!("a-{i}")))
+            .collect(),
+    )
+    .await;
+    let managed = tokio::time::timeout(Duration::from_secs(1800), active)
+        .await
+        .expect("Agents Active within 30 min")
+        .unwrap()
+        - t0;
+    eprintln!("burst: {BURST} Agents Active in {managed:?}");
+    empty(&client, &ns.name).await;
+    drop(m);
+    json!({"burst": {
+        "agents": BURST,
+        "concurrency": CONCURRENCY,
+        "direct_s": direct.as_secs_f64(),
+        "manager_s": managed.as_secs_f64(),
+        "ratio": managed.as_secs_f64() / direct.as_secs_f64(),
+    }})
 }

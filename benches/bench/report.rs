@@ -463,6 +463,23 @@ pub fn render(md: &str, files: &[String], before: &[String]) {
             met(own <= 4.0)
         );
     }
+    let b = get("burst");
+    if b.is_object() {
+        let ratio = f(&b["ratio"]);
+        let _ = writeln!(
+            s,
+            "| 14 | A burst of {n} Agents created at once → all `Active` (on the bed's node, which runs at most 110 pods: the issue's 1 000 scaled down) | {:.1} s | {n} bare pods of the same shape → all `Running`: {:.1} s | {ratio:.2} | ≤ 1.5× | {} |",
+            f(&b["manager_s"]),
+            f(&b["direct_s"]),
+            met(ratio <= 1.5),
+            n = b["agents"],
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "| 14 | A burst of Agents → `Active` against bare pods → `Running` | not run: no test bed with a node | | | ≤ 1.5× | |"
+        );
+    }
 
     // --- memory by object count
     let _ = writeln!(
