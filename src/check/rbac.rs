@@ -1,0 +1,497 @@
+//! Step 4, RBAC: every rule the manager needs ([`RULES`]) and the
+//! SelfSubjectAccessReviews that ask the API server about them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+
+use super::{Line, STEP_TIMEOUT};
+use crate::config::Config;
+
+/// Where a rule of [`RULES`] applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    /// Every watched namespace (cluster-wide when all are watched): the chart's
+    /// `autonomic.workloadRules`.
+    Watched,
+    /// The manager's own namespace, with leader election: the Lease.
+    Lease,
+    /// Cluster-scoped, in managed mode without `AUTONOMIC_CLUSTER_ID`: the cluster id.
+    ClusterId,
+    /// The manager's own namespace, in managed mode in a pod: Events on its pod for
+    /// link changes.
+    OwnEvents,
+}
+
+/// One RBAC rule the manager needs.
+pub struct Rule {
+    pub group: &'static str,
+    /// `pods`, or `pods/exec` for a subresource.
+    pub resources: &'static [&'static str],
+    pub verbs: &'static [&'static str],
+    /// The objects it is limited to (none: any).
+    pub names: &'static [&'static str],
+    pub scope: Scope,
+}
+
+const fn rule(
+    group: &'static str,
+    resources: &'static [&'static str],
+    verbs: &'static [&'static str],
+) -> Rule {
+    Rule {
+        group,
+        resources,
+        verbs,
+        names: &[],
+        scope: Scope::Watched,
+    }
+}
+
+const CRS: &[&str] = &["agents", "tools", "runtimes", "memories"];
+const CR_STATUS: &[&str] = &[
+    "agents/status",
+    "tools/status",
+    "runtimes/status",
+    "memories/status",
+];
+const LEASE_NAME: &str = "autonomic-manager";
+
+/// Every verb the manager uses, on what: the one list `check` asks the API server about.
+/// A unit test holds it equal to the chart's rules (`charts/autonomic/templates/`).
+pub const RULES: &[Rule] = &[
+    rule("autonomic.sh", CRS, &["list", "watch", "patch", "delete"]),
+    rule("autonomic.sh", CR_STATUS, &["patch"]),
+    rule("", &["pods"], &["get", "list", "watch", "create", "delete"]),
+    rule("", &["pods/exec"], &["get", "create"]),
+    rule(
+        "",
+        &["services"],
+        &["get", "list", "watch", "create", "patch"],
+    ),
+    rule(
+        "",
+        &["secrets"],
+        &["get", "list", "watch", "create", "patch"],
+    ),
+    rule("events.k8s.io", &["events"], &["create", "patch"]),
+    Rule {
+        group: "events.k8s.io",
+        resources: &["events"],
+        verbs: &["create", "patch"],
+        names: &[],
+        scope: Scope::OwnEvents,
+    },
+    Rule {
+        group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &["get", "update"],
+        names: &[LEASE_NAME],
+        scope: Scope::Lease,
+    },
+    Rule {
+        group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &["create"],
+        names: &[],
+        scope: Scope::Lease,
+    },
+    Rule {
+        group: "",
+        resources: &["namespaces"],
+        verbs: &["get"],
+        names: &["kube-system"],
+        scope: Scope::ClusterId,
+    },
+];
+
+/// One question for the API server: may I `verb` `resource` (`name`) in `namespace`
+/// (`None`: cluster-wide)?
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Permission {
+    namespace: Option<String>,
+    verb: &'static str,
+    group: &'static str,
+    resource: &'static str,
+    name: Option<&'static str>,
+}
+
+impl Permission {
+    /// `watch pods`, `patch agents/status`, `update leases autonomic-manager`.
+    fn action(&self) -> String {
+        match self.name {
+            Some(name) => format!("{} {} {name}", self.verb, self.resource),
+            None => format!("{} {}", self.verb, self.resource),
+        }
+    }
+
+    fn location(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("in namespace {ns}"),
+            None if self.name.is_some() => String::new(),
+            None => "cluster-wide".into(),
+        }
+    }
+}
+
+/// The permissions `config` needs, from [`RULES`].
+fn permissions(config: &Config) -> Vec<Permission> {
+    let watched: Vec<Option<String>> = if config.namespaces.is_empty() {
+        vec![None]
+    } else {
+        config.namespaces.iter().cloned().map(Some).collect()
+    };
+    let mut out = Vec::new();
+    for rule in RULES {
+        let namespaces = match rule.scope {
+            Scope::Watched => watched.clone(),
+            Scope::Lease if config.leader_election => vec![Some(config.pod_namespace.clone())],
+            Scope::ClusterId if config.managed && config.cluster_id.is_none() => vec![None],
+            // Recorded only when the pod's uid is known (in a pod: `POD_UID`).
+            Scope::OwnEvents if config.managed && !config.pod_uid.is_empty() => {
+                vec![Some(config.pod_namespace.clone())]
+            }
+            Scope::Lease | Scope::ClusterId | Scope::OwnEvents => continue,
+        };
+        let names: Vec<Option<&'static str>> = if rule.names.is_empty() {
+            vec![None]
+        } else {
+            rule.names.iter().copied().map(Some).collect()
+        };
+        for namespace in &namespaces {
+            for resource in rule.resources {
+                for verb in rule.verbs {
+                    for name in &names {
+                        out.push(Permission {
+                            namespace: namespace.clone(),
+                            verb,
+                            group: rule.group,
+                            resource,
+                            name: *name,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `cannot watch pods, create pods/exec in namespace a; cannot get namespaces kube-system`.
+fn missing_text(missing: &[Permission]) -> String {
+    let mut by_place: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for p in missing {
+        by_place.entry(p.location()).or_default().push(p.action());
+    }
+    by_place
+        .into_iter()
+        .map(|(place, actions)| {
+            let actions = actions.join(", ");
+            if place.is_empty() {
+                format!("cannot {actions}")
+            } else {
+                format!("cannot {actions} {place}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Step 4: a SelfSubjectAccessReview for each permission of [`permissions`].
+pub(super) async fn rbac(config: &Config, client: &kube::Client) -> Line {
+    use futures::StreamExt;
+    let wanted = permissions(config);
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let answers: Vec<(Permission, Result<bool, String>)> =
+        futures::stream::iter(wanted.iter().cloned())
+            .map(|p| {
+                let api = api.clone();
+                async move {
+                    let review = SelfSubjectAccessReview {
+                        spec: SelfSubjectAccessReviewSpec {
+                            resource_attributes: Some(attributes(&p)),
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    };
+                    let params = PostParams::default();
+                    let asked = api.create(&params, &review);
+                    let answer = match tokio::time::timeout(STEP_TIMEOUT, asked).await {
+                        Ok(Ok(r)) => Ok(r.status.is_some_and(|s| s.allowed)),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err(format!("no answer within {} s", STEP_TIMEOUT.as_secs())),
+                    };
+                    (p, answer)
+                }
+            })
+            .buffered(8)
+            .collect()
+            .await;
+    if let Some((p, Err(e))) = answers.iter().find(|(_, a)| a.is_err()) {
+        return Line::fail(
+            "rbac",
+            format!(
+                "cannot ask whether I may {} {}: {e}",
+                p.action(),
+                p.location()
+            ),
+            "check the API server (a SelfSubjectAccessReview is open to any authenticated user)",
+        );
+    }
+    let missing: Vec<Permission> = answers
+        .into_iter()
+        .filter(|(_, a)| *a == Ok(false))
+        .map(|(p, _)| p)
+        .collect();
+    if missing.is_empty() {
+        let mut places: BTreeSet<String> = BTreeSet::new();
+        for p in &wanted {
+            places.insert(match (&p.namespace, p.name) {
+                (_, Some(name)) if p.resource == "leases" => {
+                    format!("the Lease {name} in namespace {}", config.pod_namespace)
+                }
+                // `namespace kube-system`
+                (None, Some(name)) => format!("{} {name}", p.resource.trim_end_matches('s')),
+                (Some(ns), None) => format!("namespace {ns}"),
+                (None, None) => "cluster-wide".into(),
+                (Some(ns), Some(_)) => format!("namespace {ns}"),
+            });
+        }
+        let places: Vec<String> = places.into_iter().collect();
+        return Line::ok(
+            "rbac",
+            format!(
+                "{} permissions allowed ({})",
+                wanted.len(),
+                places.join(", ")
+            ),
+        );
+    }
+    let mut fix = "grant this identity the chart's RBAC (helm upgrade, or kubectl apply --server-side -f deploy.yaml; the rules: charts/autonomic/templates/_helpers.tpl)".to_owned();
+    if missing.iter().any(|p| p.resource == "namespaces") {
+        fix.push_str(", or set AUTONOMIC_CLUSTER_ID");
+    }
+    Line::fail("rbac", missing_text(&missing), fix)
+}
+
+fn attributes(p: &Permission) -> ResourceAttributes {
+    let (resource, subresource) = match p.resource.split_once('/') {
+        Some((r, s)) => (r, Some(s.to_owned())),
+        None => (p.resource, None),
+    };
+    ResourceAttributes {
+        namespace: p.namespace.clone(),
+        verb: Some(p.verb.to_owned()),
+        group: Some(p.group.to_owned()),
+        resource: Some(resource.to_owned()),
+        subresource,
+        name: p.name.map(str::to_owned),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn config(vars: &[(&str, &str)]) -> Config {
+        Config::parse(|k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+        .expect("config")
+    }
+
+    #[test]
+    fn missing_permissions_are_named_by_place() {
+        let p = |ns: Option<&str>, verb, resource, name| Permission {
+            namespace: ns.map(str::to_owned),
+            verb,
+            group: "",
+            resource,
+            name,
+        };
+        assert_eq!(
+            missing_text(&[p(Some("x"), "watch", "pods", None)]),
+            "cannot watch pods in namespace x"
+        );
+        assert_eq!(
+            missing_text(&[
+                p(Some("b"), "patch", "agents/status", None),
+                p(Some("a"), "watch", "pods", None),
+                p(Some("a"), "create", "pods/exec", None),
+                p(None, "get", "namespaces", Some("kube-system")),
+                p(None, "list", "secrets", None),
+            ]),
+            "cannot get namespaces kube-system; cannot list secrets cluster-wide; \
+             cannot watch pods, create pods/exec in namespace a; \
+             cannot patch agents/status in namespace b"
+        );
+    }
+
+    #[test]
+    fn permissions_follow_the_configuration() {
+        let unmanaged = permissions(&config(&[("AUTONOMIC_NAMESPACES", "a,b")]));
+        // 39 workload permissions in each watched namespace, nothing else.
+        assert_eq!(unmanaged.len(), 78);
+        assert!(unmanaged.iter().all(|p| p.namespace.is_some()));
+        let all = permissions(&config(&[
+            ("AUTONOMIC_MANAGED", "true"),
+            ("AUTONOMIC_AUTH_TOKEN", "t"),
+            ("AUTONOMIC_LEADER_ELECTION", "true"),
+            ("POD_NAMESPACE", "home"),
+            ("POD_UID", "u-1"),
+        ]));
+        // Workload, Lease (3), cluster id (1), link Events in the manager's namespace (2).
+        assert_eq!(all.len(), 39 + 3 + 1 + 2);
+        assert!(all.contains(&Permission {
+            namespace: Some("home".into()),
+            verb: "create",
+            group: "events.k8s.io",
+            resource: "events",
+            name: None,
+        }));
+        assert!(all.contains(&Permission {
+            namespace: Some("home".into()),
+            verb: "update",
+            group: "coordination.k8s.io",
+            resource: "leases",
+            name: Some(crate::leader::LEASE_NAME),
+        }));
+        assert!(all.contains(&Permission {
+            namespace: None,
+            verb: "get",
+            group: "",
+            resource: "namespaces",
+            name: Some("kube-system"),
+        }));
+        let with_id = permissions(&config(&[
+            ("AUTONOMIC_MANAGED", "true"),
+            ("AUTONOMIC_AUTH_TOKEN", "t"),
+            ("AUTONOMIC_CLUSTER_ID", "prod"),
+        ]));
+        assert_eq!(with_id.len(), 39, "outside a pod: no link Events");
+        let a = attributes(&Permission {
+            namespace: Some("x".into()),
+            verb: "create",
+            group: "",
+            resource: "pods/exec",
+            name: None,
+        });
+        assert_eq!(
+            (a.resource.as_deref(), a.subresource.as_deref()),
+            (Some("pods"), Some("exec"))
+        );
+    }
+
+    /// (scope, group, resource, verb, resourceName) of every rule.
+    type Grant = (Scope, String, String, String, Option<String>);
+
+    fn grants_of(rules: &Value, scope: Scope, out: &mut BTreeSet<Grant>) {
+        let strings = |v: &Value| -> Vec<String> {
+            v.as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|s| s.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for rule in rules.as_array().expect("a list of rules") {
+            let names = strings(&rule["resourceNames"]);
+            let names: Vec<Option<String>> = if names.is_empty() {
+                vec![None]
+            } else {
+                names.into_iter().map(Some).collect()
+            };
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        for name in &names {
+                            out.insert((
+                                scope,
+                                group.clone(),
+                                resource.clone(),
+                                verb.clone(),
+                                name.clone(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The table is the chart's RBAC, rule for rule: the workload rules of
+    /// `_helpers.tpl` (each watched namespace, or cluster-wide), the leader-election Role
+    /// and the cluster-id ClusterRole of `rbac.yaml` (their template lines dropped: the
+    /// rules themselves are literal YAML).
+    #[test]
+    fn the_rbac_table_is_the_charts() {
+        let helpers = include_str!("../../charts/autonomic/templates/_helpers.tpl");
+        let start = helpers
+            .find(r#"{{- define "autonomic.workloadRules" -}}"#)
+            .expect("the workload rules in _helpers.tpl");
+        let body = &helpers[start..];
+        let body = &body[body.find('\n').unwrap() + 1..body.find("{{- end -}}").unwrap()];
+        let workload: Value = serde_saphyr::from_str(body).expect("the workload rules parse");
+        let mut chart = BTreeSet::new();
+        grants_of(&workload, Scope::Watched, &mut chart);
+
+        let rbac = include_str!("../../charts/autonomic/templates/rbac.yaml");
+        let literal: String = rbac
+            .lines()
+            .filter(|l| !l.contains("{{"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let mut scopes = Vec::new();
+        for doc in literal.split("\n---\n") {
+            let doc: Option<Value> = serde_saphyr::from_str(doc).expect("rbac.yaml parses");
+            let Some(doc) = doc else { continue };
+            if doc["rules"].is_null() {
+                continue;
+            }
+            let scope = match doc["kind"].as_str() {
+                // The Role for link Events in the release namespace (when it is not
+                // watched), told from the Lease's by its rules.
+                Some("Role") if doc["rules"][0]["resources"][0] == "events" => Scope::OwnEvents,
+                Some("Role") => Scope::Lease,
+                Some("ClusterRole") => Scope::ClusterId,
+                other => panic!("rules in a {other:?}"),
+            };
+            scopes.push(scope);
+            grants_of(&doc["rules"], scope, &mut chart);
+        }
+        scopes.sort();
+        assert_eq!(scopes, [Scope::Lease, Scope::ClusterId, Scope::OwnEvents]);
+
+        let mut table = BTreeSet::new();
+        for rule in RULES {
+            let names: Vec<Option<String>> = if rule.names.is_empty() {
+                vec![None]
+            } else {
+                rule.names.iter().map(|n| Some(n.to_string())).collect()
+            };
+            for resource in rule.resources {
+                for verb in rule.verbs {
+                    for name in &names {
+                        table.insert((
+                            rule.scope,
+                            rule.group.into(),
+                            resource.to_string(),
+                            verb.to_string(),
+                            name.clone(),
+                        ));
+                    }
+                }
+            }
+        }
+        assert_eq!(table, chart);
+        assert_eq!(LEASE_NAME, crate::leader::LEASE_NAME);
+    }
+}

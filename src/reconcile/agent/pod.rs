@@ -1,0 +1,301 @@
+//! The pod an Agent should have (`agentlet` + `runtime`) and its Secret `<agent>-agent`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec, ResourceRequirements,
+    Secret, SecretVolumeSource, Volume, VolumeMount,
+};
+use kube::ResourceExt;
+use serde_json::json;
+
+use super::Refs;
+use crate::crd::{Agent, Kind, Runtime};
+use crate::reconcile::common;
+use crate::reconcile::problem::Problem;
+
+pub const CONFIG_MOUNT: &str = "/var/run/autonomic";
+
+pub fn secret_name(agent: &str) -> String {
+    format!("{agent}-agent")
+}
+
+/// The manager's defaults for the agentlet sidecar (`AUTONOMIC_AGENTLET_*`).
+pub struct AgentletDefaults<'a> {
+    pub image: Option<&'a str>,
+    pub resources: &'a ResourceRequirements,
+}
+
+/// The pod the Agent should have, with its spec hash annotation.
+pub fn desired_pod(
+    agent: &Agent,
+    runtime: Option<&Runtime>,
+    agentlet: &AgentletDefaults,
+) -> Result<Pod, Problem> {
+    let default_agentlet = agentlet.image;
+    let name = agent.name_any();
+    let spec = &agent.spec;
+    let tpl = runtime.map(|r| &r.spec);
+    let image = spec
+        .runtime
+        .image
+        .clone()
+        .or_else(|| tpl.and_then(|t| t.image.clone()))
+        .filter(|i| !i.trim().is_empty())
+        .ok_or(Problem::NoRuntimeImage)?;
+    let agentlet_image = spec
+        .agentlet
+        .image
+        .clone()
+        .or_else(|| default_agentlet.map(str::to_owned))
+        .filter(|i| !i.trim().is_empty())
+        .ok_or(Problem::NoAgentletImage)?;
+
+    // The override replaces the template's entry of the same name; order is kept.
+    let mut env: Vec<EnvVar> = tpl.and_then(|t| t.env.clone()).unwrap_or_default();
+    for e in spec.runtime.env.iter().flatten() {
+        match env.iter_mut().find(|x| x.name == e.name) {
+            Some(x) => *x = e.clone(),
+            None => env.push(e.clone()),
+        }
+    }
+    let mount = VolumeMount {
+        name: "autonomic-config".into(),
+        mount_path: CONFIG_MOUNT.into(),
+        read_only: Some(true),
+        ..Default::default()
+    };
+    let runtime_container = Container {
+        name: "runtime".into(),
+        image: Some(image),
+        command: spec
+            .runtime
+            .command
+            .clone()
+            .or_else(|| tpl.and_then(|t| t.command.clone())),
+        args: spec
+            .runtime
+            .args
+            .clone()
+            .or_else(|| tpl.and_then(|t| t.args.clone())),
+        env: (!env.is_empty()).then_some(env),
+        resources: spec
+            .runtime
+            .resources
+            .clone()
+            .or_else(|| tpl.and_then(|t| t.resources.clone())),
+        volume_mounts: Some(vec![mount.clone()]),
+        security_context: Some(
+            tpl.and_then(|t| t.security_context.clone())
+                .unwrap_or_else(common::restricted_security),
+        ),
+        ..Default::default()
+    };
+    let field_env = |name: &str, path: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let agentlet = Container {
+        name: "agentlet".into(),
+        image: Some(agentlet_image),
+        env: Some(vec![
+            EnvVar {
+                name: "AUTONOMIC_AGENT".into(),
+                value: Some(name.clone()),
+                ..Default::default()
+            },
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+        ]),
+        volume_mounts: Some(vec![mount]),
+        resources: Some(agentlet.resources.clone()),
+        security_context: Some(common::restricted_security()),
+        ..Default::default()
+    };
+    let pod_spec = PodSpec {
+        containers: vec![agentlet, runtime_container],
+        restart_policy: Some(spec.restart_policy.as_str().into()),
+        service_account_name: spec.service_account_name.clone(),
+        security_context: Some(common::restricted_pod_security()),
+        volumes: Some(vec![Volume {
+            name: "autonomic-config".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret_name(&name)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let mut meta = common::child_meta(agent, Kind::Agent, name);
+    meta.annotations = Some(BTreeMap::from([(
+        common::SPEC_HASH.to_owned(),
+        common::spec_hash(&pod_spec),
+    )]));
+    Ok(Pod {
+        metadata: meta,
+        spec: Some(pod_spec),
+        status: None,
+    })
+}
+
+/// The Secret `<agent>-agent` with `config.json`: tools' endpoints, memory Secrets.
+pub fn desired_secret(agent: &Agent, refs: &Refs) -> Secret {
+    let tools: Vec<_> = refs
+        .tools
+        .iter()
+        .map(|t| json!({"name": t.name_any(), "endpoint": crate::reconcile::tool::endpoint(t)}))
+        .collect();
+    let memory: Vec<_> = refs
+        .memories
+        .iter()
+        .map(|m| {
+            json!({"name": m.name_any(), "backend": m.spec.backend,
+                   "secretName": crate::reconcile::memory::secret_name(&m.name_any())})
+        })
+        .collect();
+    let config = json!({
+        "agent": agent.name_any(),
+        "namespace": agent.namespace(),
+        "tools": tools,
+        "memory": memory,
+    });
+    let body = serde_json::to_vec_pretty(&config).unwrap_or_default();
+    Secret {
+        metadata: common::child_meta(agent, Kind::Agent, secret_name(&agent.name_any())),
+        data: Some(BTreeMap::from([(
+            "config.json".to_owned(),
+            ByteString(body),
+        )])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::Reason;
+    use crate::reconcile::agent::tests::{BASE, agent, al};
+
+    #[test]
+    fn pod_has_both_containers_labels_owner_and_config_mount() {
+        let a = agent(BASE);
+        let p = desired_pod(&a, None, &al(Some("agentlet:1"))).unwrap();
+        assert_eq!(p.metadata.name.as_deref(), Some("triage"));
+        let labels = p.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["app.kubernetes.io/managed-by"], "autonomic");
+        assert_eq!(labels["autonomic.sh/agent"], "triage");
+        assert!(crate::store::is_owned_by(&p.metadata, Some("uid-a")));
+        let spec = p.spec.unwrap();
+        let names: Vec<_> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["agentlet", "runtime"]);
+        for c in &spec.containers {
+            let m = &c.volume_mounts.as_ref().unwrap()[0];
+            assert_eq!(
+                (m.mount_path.as_str(), m.read_only),
+                (CONFIG_MOUNT, Some(true))
+            );
+        }
+        assert_eq!(
+            spec.volumes.unwrap()[0]
+                .secret
+                .as_ref()
+                .unwrap()
+                .secret_name
+                .as_deref(),
+            Some("triage-agent")
+        );
+    }
+
+    #[test]
+    fn containers_are_restricted_unless_the_runtime_asks_for_more() {
+        let a = agent(BASE);
+        let p = desired_pod(&a, None, &al(Some("agentlet:1"))).unwrap();
+        for c in p.spec.as_ref().unwrap().containers.iter() {
+            let sc = c.security_context.as_ref().unwrap();
+            assert_eq!(sc.run_as_non_root, Some(true), "{}", c.name);
+            assert_eq!(sc.run_as_user, Some(65532), "{}", c.name);
+            assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", c.name);
+            let drop = sc.capabilities.as_ref().unwrap().drop.as_ref().unwrap();
+            assert_eq!(drop, &["ALL"], "{}", c.name);
+            assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+        }
+        // The agentlet has requests and a memory limit.
+        let agentlet = &p.spec.as_ref().unwrap().containers[0];
+        let r = agentlet.resources.as_ref().unwrap();
+        assert!(r.requests.as_ref().unwrap().contains_key("memory"));
+        assert!(r.limits.as_ref().unwrap().contains_key("memory"));
+        // A Runtime that needs root says so explicitly; only its container changes.
+        let rt: Runtime = serde_saphyr::from_str(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Runtime, metadata: {name: root}, spec: {image: 'legacy:1', securityContext: {runAsUser: 0}}}",
+        )
+        .unwrap();
+        let a = agent(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: x, namespace: n}, spec: {runtime: {ref: root}}}",
+        );
+        let p = desired_pod(&a, Some(&rt), &al(Some("al"))).unwrap();
+        let spec = p.spec.unwrap();
+        let runtime = spec.containers[1].security_context.as_ref().unwrap();
+        assert_eq!(runtime.run_as_user, Some(0));
+        assert_eq!(runtime.run_as_non_root, None);
+        let agentlet = spec.containers[0].security_context.as_ref().unwrap();
+        assert_eq!(agentlet.run_as_user, Some(65532));
+    }
+
+    #[test]
+    fn runtime_template_fills_and_overrides() {
+        let rt: Runtime = serde_saphyr::from_str(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Runtime, metadata: {name: py}, spec: {image: 'py:3', args: [a], env: [{name: A, value: '1'}, {name: B, value: '2'}]}}",
+        )
+        .unwrap();
+        let a = agent(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: x, namespace: n}, spec: {runtime: {ref: py, env: [{name: B, value: over}, {name: C, value: '3'}]}}}",
+        );
+        let p = desired_pod(&a, Some(&rt), &al(Some("al"))).unwrap();
+        let c = &p.spec.unwrap().containers[1];
+        assert_eq!(c.image.as_deref(), Some("py:3"));
+        assert_eq!(c.args.as_deref(), Some(&["a".to_string()][..]));
+        let env: Vec<_> = c
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.as_str(), e.value.as_deref().unwrap()))
+            .collect();
+        assert_eq!(env, [("A", "1"), ("B", "over"), ("C", "3")]);
+        // The template's change changes the hash: its agents roll.
+        let mut rt2 = rt.clone();
+        rt2.spec.image = Some("py:4".into());
+        let p2 = desired_pod(&a, Some(&rt2), &al(Some("al"))).unwrap();
+        assert_ne!(
+            common::pod_spec_hash(&p2.metadata),
+            common::pod_spec_hash(
+                &desired_pod(&a, Some(&rt), &al(Some("al")))
+                    .unwrap()
+                    .metadata
+            )
+        );
+    }
+
+    #[test]
+    fn missing_images_are_named() {
+        let a = agent(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: x, namespace: n}, spec: {}}",
+        );
+        let err = desired_pod(&a, None, &al(Some("al"))).unwrap_err();
+        assert_eq!(err, Problem::NoRuntimeImage);
+        assert!(err.to_string().contains("no runtime image"), "{err}");
+        let a = agent(BASE);
+        let err = desired_pod(&a, None, &al(None)).unwrap_err();
+        assert_eq!(err.reason(), Reason::NoAgentletImage);
+        assert!(err.to_string().contains("no agentlet image"), "{err}");
+    }
+}
