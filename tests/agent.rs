@@ -7,7 +7,7 @@ use std::time::Duration;
 use autonomic_manager::crd::{Agent, AgentPhase, Runtime, RuntimePhase};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use support::*;
 
@@ -29,15 +29,6 @@ fn message(a: &Agent) -> String {
         .as_ref()
         .and_then(|s| s.message.clone())
         .unwrap_or_default()
-}
-
-async fn create<K>(api: &Api<K>, obj: &K) -> K
-where
-    K: Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.create(&PostParams::default(), obj)
-        .await
-        .expect("create")
 }
 
 #[tokio::test]

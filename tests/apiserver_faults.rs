@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use autonomic_manager::crd::{Agent, Memory, Runtime, Tool};
 use kube::Client;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::DeleteParams;
 use serde_json::{Value, json};
 use support::cluster_state::{self, State};
 use support::fake_cp::{FakeCp, Received};
@@ -32,15 +32,6 @@ use support::*;
 const TOKEN: &str = "tok_live_4a7c2e9f1b3d5a60";
 /// The log line of a watch the API server ended with 410 Gone (reason `Expired`).
 const GONE: &str = "error returned by apiserver during watch";
-
-async fn create<K>(api: &Api<K>, text: &str)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    api.create(&PostParams::default(), &yaml::<K>(text))
-        .await
-        .unwrap_or_else(|e| panic!("create {text}: {e}"));
-}
 
 fn agent(name: &str) -> String {
     format!(
@@ -64,13 +55,13 @@ fn memory(name: &str) -> String {
 /// during the fault.
 async fn populate(ns: &TestNamespace) {
     for a in ["a-keep", "a-gone", "a-pause", "a-ctl"] {
-        create(&ns.api::<Agent>(), &agent(a)).await;
+        create_yaml(&ns.api::<Agent>(), &agent(a)).await;
     }
-    create(&ns.api::<Runtime>(), &runtime("r-keep", "img:1")).await;
-    create(&ns.api::<Runtime>(), &runtime("r-edit", "img:1")).await;
-    create(&ns.api::<Memory>(), &memory("m-keep")).await;
-    create(&ns.api::<Memory>(), &memory("m-gone")).await;
-    create(
+    create_yaml(&ns.api::<Runtime>(), &runtime("r-keep", "img:1")).await;
+    create_yaml(&ns.api::<Runtime>(), &runtime("r-edit", "img:1")).await;
+    create_yaml(&ns.api::<Memory>(), &memory("m-keep")).await;
+    create_yaml(&ns.api::<Memory>(), &memory("m-gone")).await;
+    create_yaml(
         &ns.api::<Tool>(),
         &format!(
             "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {{name: t-keep}}\nspec: {{image: '{BUSYBOX_IMAGE}', port: 8080}}"
@@ -82,8 +73,8 @@ async fn populate(ns: &TestNamespace) {
 /// The changes made during a fault (through an API server the manager does not reach):
 /// a creation of each of two kinds, two deletions, a spec edit, a pause.
 async fn change_during_fault(ns: &TestNamespace) {
-    create(&ns.api::<Agent>(), &agent("a-new")).await;
-    create(&ns.api::<Runtime>(), &runtime("r-new", "img:2")).await;
+    create_yaml(&ns.api::<Agent>(), &agent("a-new")).await;
+    create_yaml(&ns.api::<Runtime>(), &runtime("r-new", "img:2")).await;
     ns.api::<Agent>()
         .delete("a-gone", &DeleteParams::background())
         .await

@@ -11,7 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use support::*;
@@ -19,15 +19,6 @@ use support::*;
 /// A runtime container that stays up and stops at once on SIGTERM.
 const IDLE: &str = r#"["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]"#;
 const SPEC_HASH: &str = "autonomic.sh/spec-hash";
-
-async fn create<K>(api: &Api<K>, obj: &K) -> K
-where
-    K: Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.create(&PostParams::default(), obj)
-        .await
-        .expect("create")
-}
 
 fn phase(a: &Agent) -> Option<AgentPhase> {
     a.status.as_ref()?.phase

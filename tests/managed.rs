@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use autonomic_manager::crd::{Agent, AgentPhase, Runtime, Tool};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use support::connect_proxy::ConnectProxy;
 use support::fake_cp::{FakeCp, Mode, Received, ReceivedKind};
@@ -44,20 +44,11 @@ fn assert_no_token(m: &Manager) {
     );
 }
 
-async fn create<K>(api: &Api<K>, text: &str) -> K
-where
-    K: Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.create(&PostParams::default(), &yaml(text))
-        .await
-        .expect("create")
-}
-
 #[tokio::test]
 async fn hello_snapshot_then_deltas_for_every_kind() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "cp-sync").await;
-    let rt: Runtime = create(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {name: base}\nspec: {image: 'img:1'}").await;
+    let rt: Runtime = create_yaml(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {name: base}\nspec: {image: 'img:1'}").await;
     let cp = FakeCp::start().await;
     let m = start(&ns.name, &managed_env(&cp));
 
@@ -94,9 +85,9 @@ async fn hello_snapshot_then_deltas_for_every_kind() {
     assert_eq!(m.metric("autonomic_connected").await, 1.0);
 
     // Create, update, delete of each kind become deltas.
-    create::<Tool>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {name: t1}\nspec: {image: 'img:2'}").await;
-    create::<autonomic_manager::crd::Memory>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Memory\nmetadata: {name: m1}\nspec: {backend: redis, url: 'redis://x'}").await;
-    create::<Agent>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: a1}\nspec: {runtime: {ref: base}, memory: [m1]}").await;
+    create_yaml::<Tool>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {name: t1}\nspec: {image: 'img:2'}").await;
+    create_yaml::<autonomic_manager::crd::Memory>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Memory\nmetadata: {name: m1}\nspec: {backend: redis, url: 'redis://x'}").await;
+    create_yaml::<Agent>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: a1}\nspec: {runtime: {ref: base}, memory: [m1]}").await;
     let upsert_of = |kind: &'static str, name: &'static str, pred: fn(&Value) -> bool| {
         move |r: &Received| {
             r.frame_type() == Some("delta")
@@ -184,7 +175,7 @@ async fn agent_wire_form_carries_its_pod_and_context_summary() {
     let _m = start(&ns.name, &managed_env(&cp));
     cp.wait_frame("snapshot", is("snapshot")).await;
     let agents: Api<Agent> = ns.api();
-    create(&agents, &format!("apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec: {{runtime: {{image: '{BUSYBOX_IMAGE}', command: [sh, -c, 'trap \"exit 0\" TERM; while :; do sleep 1; done']}}}}")).await;
+    create_yaml(&agents, &format!("apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {{name: a}}\nspec: {{runtime: {{image: '{BUSYBOX_IMAGE}', command: [sh, -c, 'trap \"exit 0\" TERM; while :; do sleep 1; done']}}}}")).await;
     wait_for(&agents, "a", "Active", |a| {
         a.status.as_ref().and_then(|s| s.phase) == Some(AgentPhase::Active)
     })
@@ -296,10 +287,10 @@ async fn control_actions_change_the_cluster_and_are_audited() {
     let cp = FakeCp::start().await;
     let m = start(&ns.name, &managed_env(&cp));
     let agents: Api<Agent> = ns.api();
-    create(&agents, "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: bot}\nspec: {runtime: {image: 'img:1'}}").await;
-    create::<Tool>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {name: t}\nspec: {image: 'img:1'}").await;
-    create::<Runtime>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {name: r}\nspec: {image: 'img:1'}").await;
-    create::<Agent>(&other.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: bot}\nspec: {runtime: {image: 'img:1'}}").await;
+    create_yaml(&agents, "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: bot}\nspec: {runtime: {image: 'img:1'}}").await;
+    create_yaml::<Tool>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {name: t}\nspec: {image: 'img:1'}").await;
+    create_yaml::<Runtime>(&ns.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {name: r}\nspec: {image: 'img:1'}").await;
+    create_yaml::<Agent>(&other.api(), "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: bot}\nspec: {runtime: {image: 'img:1'}}").await;
     cp.wait_frame("Agent in a delta or snapshot", |r| {
         r.resources().iter().any(|x| x["name"] == "bot")
     })
@@ -482,7 +473,7 @@ async fn rejected_token_backs_off_and_logs_only_the_prefix() {
     wait_until("a few attempts", || async { cp.attempts() >= 3 }).await;
     assert_eq!(cp.accepted(), 0);
     // Reconciling goes on while the link is down.
-    create::<Runtime>(
+    create_yaml::<Runtime>(
         &ns.api(),
         "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {name: r}\nspec: {image: i}",
     )
@@ -619,7 +610,7 @@ async fn legacy_http_transport_reports_and_takes_control() {
 
     // A change leaves as a delta in a later post.
     let agents: Api<Agent> = ns.api();
-    create(&agents, "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: h}\nspec: {runtime: {image: 'img:1'}}").await;
+    create_yaml(&agents, "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: h}\nspec: {runtime: {image: 'img:1'}}").await;
     cp.wait_frame("delta with the Agent", |f| {
         f["type"] == "delta"
             && f["changes"]
@@ -1137,7 +1128,7 @@ async fn metrics_parse_and_move_and_readiness_follows_the_link() {
     };
 
     // A new object: a reconcile, a delta, bytes on the wire.
-    create::<Runtime>(
+    create_yaml::<Runtime>(
         &ns.api(),
         "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {name: r}\nspec: {image: i}",
     )

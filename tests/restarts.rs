@@ -16,7 +16,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
 use serde_json::json;
 use support::cluster_state;
 use support::fake_cp::{FakeCp, Received};
@@ -40,20 +39,11 @@ const DISABLED_TOOLS: usize = 26;
 const AGENTS: usize = ACTIVE_AGENTS + PAUSED_AGENTS + ERROR_AGENTS;
 const TOOLS: usize = USED_TOOLS + IDLE_TOOLS + DISABLED_TOOLS;
 
-async fn create<K>(api: &Api<K>, text: &str)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    api.create(&PostParams::default(), &yaml::<K>(text))
-        .await
-        .unwrap_or_else(|e| panic!("create {text}: {e}"));
-}
-
 /// Creates the 200 objects: Active Agents (a Runtime by reference, a Tool each) and the
 /// Tools they use, paused Agents, Agents in `Error` (a Runtime that does not exist: the
 /// case that flapped on restarts before), idle Tools and disabled Tools.
 async fn populate(ns: &TestNamespace) {
-    create(
+    create_yaml(
         &ns.api::<Runtime>(),
         &format!(
             "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {{name: rt}}\nspec: {{image: '{BUSYBOX_IMAGE}', command: {IDLE}}}"
@@ -66,13 +56,13 @@ async fn populate(ns: &TestNamespace) {
         )
     };
     for i in 0..USED_TOOLS {
-        create(&ns.api::<Tool>(), &tool(format!("used-{i}"), "")).await;
+        create_yaml(&ns.api::<Tool>(), &tool(format!("used-{i}"), "")).await;
     }
     for i in 0..IDLE_TOOLS {
-        create(&ns.api::<Tool>(), &tool(format!("idle-{i}"), "")).await;
+        create_yaml(&ns.api::<Tool>(), &tool(format!("idle-{i}"), "")).await;
     }
     for i in 0..DISABLED_TOOLS {
-        create(
+        create_yaml(
             &ns.api::<Tool>(),
             &tool(format!("off-{i}"), ", disabled: true"),
         )
@@ -85,15 +75,15 @@ async fn populate(ns: &TestNamespace) {
     };
     for i in 0..ACTIVE_AGENTS {
         let spec = format!("{{runtime: {{ref: rt}}, tools: [used-{}]}}", i % USED_TOOLS);
-        create(&ns.api::<Agent>(), &agent(format!("active-{i}"), spec)).await;
+        create_yaml(&ns.api::<Agent>(), &agent(format!("active-{i}"), spec)).await;
     }
     for i in 0..PAUSED_AGENTS {
         let spec = "{runtime: {ref: rt}, tools: [idle-0], paused: true}".to_owned();
-        create(&ns.api::<Agent>(), &agent(format!("paused-{i}"), spec)).await;
+        create_yaml(&ns.api::<Agent>(), &agent(format!("paused-{i}"), spec)).await;
     }
     for i in 0..ERROR_AGENTS {
         let spec = "{runtime: {ref: no-such-runtime}}".to_owned();
-        create(&ns.api::<Agent>(), &agent(format!("broken-{i}"), spec)).await;
+        create_yaml(&ns.api::<Agent>(), &agent(format!("broken-{i}"), spec)).await;
     }
 }
 
@@ -356,21 +346,21 @@ async fn a_hundred_control_plane_restarts_with_shells_and_controls_in_flight() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "rs-cp").await;
     let n = ns.name.clone();
-    create(
+    create_yaml(
         &ns.api::<Runtime>(),
         &format!(
             "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {{name: rt}}\nspec: {{image: '{BUSYBOX_IMAGE}', command: {IDLE}}}"
         ),
     )
     .await;
-    create(
+    create_yaml(
         &ns.api::<Tool>(),
         &format!(
             "apiVersion: autonomic.sh/v1alpha1\nkind: Tool\nmetadata: {{name: flip}}\nspec: {{image: '{BUSYBOX_IMAGE}', port: 8080}}"
         ),
     )
     .await;
-    create(
+    create_yaml(
         &ns.api::<Agent>(),
         "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {name: held}\nspec: {runtime: {ref: rt}}",
     )

@@ -598,6 +598,26 @@ where
 }
 
 /// Builds an object from YAML, for readable fixtures.
+/// Creates `obj` in `api`'s namespace; the object as the API server returned it.
+pub async fn create<K>(api: &Api<K>, obj: &K) -> K
+where
+    K: Clone + serde::Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    api.create(&kube::api::PostParams::default(), obj)
+        .await
+        .unwrap_or_else(|e| panic!("create {obj:?}: {e}"))
+}
+
+/// Creates the object the YAML `text` describes; the object as the API server returned it.
+pub async fn create_yaml<K>(api: &Api<K>, text: &str) -> K
+where
+    K: Clone + serde::Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    api.create(&kube::api::PostParams::default(), &yaml::<K>(text))
+        .await
+        .unwrap_or_else(|e| panic!("create {text}: {e}"))
+}
+
 pub fn yaml<K: DeserializeOwned>(text: &str) -> K {
     serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("fixture does not parse: {e}\n{text}"))
 }
