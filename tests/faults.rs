@@ -627,7 +627,7 @@ fn apiserver_addr() -> String {
         .to_owned()
 }
 
-/// (f) The path to the API server stalls for 30 s, then every connection on it is
+/// (f) The path to the API server stalls for a minute, then every connection on it is
 /// reset: the watches recover (each logs its failure in its `watch{kind,namespace}`
 /// span), an Agent created during the stall reaches Active after it and is reported,
 /// and `/readyz` stays 200 all along (the control-plane link never broke).
@@ -656,7 +656,7 @@ async fn the_api_server_path_stalls_then_resets_and_the_watches_recover() {
         .create(&PostParams::default(), &a)
         .await
         .expect("create agent");
-    while stalled.elapsed() < Duration::from_secs(30) {
+    while stalled.elapsed() < Duration::from_secs(60) {
         let (code, body) = m.get("/readyz").await;
         assert_eq!(code, 200, "not ready during the API server stall: {body}");
         tokio::time::sleep(Duration::from_millis(500)).await;

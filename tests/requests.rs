@@ -107,12 +107,31 @@ async fn an_agent_costs_one_request_per_child_and_per_status_change() {
         .await
         .unwrap_or_else(|_| panic!("Agents not settled in time:\n{}", m.logs()))
         .unwrap();
-    // Without a node the pod stays Pending: give a late second status write (the one
-    // this test is here to catch) time to show.
-    if !has_node() {
-        tokio::time::sleep(Duration::from_secs(3)).await;
+    // The last status is seen before the requests that follow it (its Event) are sent;
+    // and without a node a late second status write (the one this test is here to
+    // catch) would come after. Read the log once the Agents' requests stopped moving
+    // for 3 s.
+    let total = |logs: &str| -> usize {
+        statuses
+            .keys()
+            .map(|name| requests_of(logs, &ns.name, name).len())
+            .sum()
+    };
+    let mut logs = m.logs();
+    let mut quiet_since = tokio::time::Instant::now();
+    let deadline = quiet_since + Duration::from_secs(60);
+    while quiet_since.elapsed() < Duration::from_secs(3) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "requests still moving after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = m.logs();
+        if total(&now) != total(&logs) {
+            quiet_since = tokio::time::Instant::now();
+        }
+        logs = now;
     }
-    let logs = m.logs();
     m.stop("TERM");
     for (name, seen) in &statuses {
         let requests = requests_of(&logs, &ns.name, name);
