@@ -485,20 +485,7 @@ async fn a_black_holed_dial_is_bounded_and_retried() {
 async fn a_slow_link_delivers_the_snapshot_and_heartbeats() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "ft-slow").await;
-    // 40 Runtimes of about 6 KiB of spec each: a snapshot of about 240 KiB.
-    let big = "x".repeat(6 * 1024);
-    for i in 0..40 {
-        let rt: Runtime = serde_json::from_value(serde_json::json!({
-            "apiVersion": "autonomic.sh/v1alpha1", "kind": "Runtime",
-            "metadata": {"name": format!("big-{i}")},
-            "spec": {"image": "img:1", "command": ["sh", "-c", big]},
-        }))
-        .unwrap();
-        ns.api::<Runtime>()
-            .create(&PostParams::default(), &rt)
-            .await
-            .expect("create runtime");
-    }
+    create_big_runtimes(&ns).await;
     let cp = FakeCp::start().await;
     let heartbeat = Duration::from_secs(2);
     cp.set_welcome(heartbeat.as_secs(), 300);

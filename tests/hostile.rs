@@ -176,19 +176,7 @@ async fn a_48_mib_text_message_in_fragments_ends_the_connection_not_the_manager(
 async fn two_hundred_resyncs_at_once_are_answered_and_the_link_stays() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "hs-resync").await;
-    let big = "x".repeat(6 * 1024);
-    for i in 0..40 {
-        let rt: Runtime = serde_json::from_value(json!({
-            "apiVersion": "autonomic.sh/v1alpha1", "kind": "Runtime",
-            "metadata": {"name": format!("big-{i}")},
-            "spec": {"image": "img:1", "command": ["sh", "-c", big]},
-        }))
-        .unwrap();
-        ns.api::<Runtime>()
-            .create(&PostParams::default(), &rt)
-            .await
-            .expect("create runtime");
-    }
+    create_big_runtimes(&ns).await;
     let (cp, m) = connected(&ns).await;
     // Past the first snapshot's deltas (the Runtimes' status).
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -618,6 +618,20 @@ where
         .unwrap_or_else(|e| panic!("create {text}: {e}"))
 }
 
+/// 40 Runtimes of about 6 KiB of spec each in `ns`: a snapshot of about 240 KiB.
+pub async fn create_big_runtimes(ns: &TestNamespace) {
+    let big = "x".repeat(6 * 1024);
+    for i in 0..40 {
+        let rt: autonomic_manager::crd::Runtime = serde_json::from_value(json!({
+            "apiVersion": "autonomic.sh/v1alpha1", "kind": "Runtime",
+            "metadata": {"name": format!("big-{i}")},
+            "spec": {"image": "img:1", "command": ["sh", "-c", big]},
+        }))
+        .unwrap();
+        create(&ns.api(), &rt).await;
+    }
+}
+
 pub fn yaml<K: DeserializeOwned>(text: &str) -> K {
     serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("fixture does not parse: {e}\n{text}"))
 }
