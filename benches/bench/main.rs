@@ -250,23 +250,7 @@ fn agent_object(name: &str) -> Agent {
 
 /// Counts the distinct pods of `api` seen by a watch; `target` reached → the instant.
 fn count_pods(api: Api<Pod>, target: usize) -> tokio::task::JoinHandle<Instant> {
-    tokio::spawn(async move {
-        let mut seen = HashSet::new();
-        let mut events = watcher(api, watcher::Config::default()).boxed();
-        while let Some(ev) = events.next().await {
-            match ev {
-                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
-                    seen.insert(p.metadata.name.unwrap_or_default());
-                    if seen.len() >= target {
-                        return Instant::now();
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => eprintln!("pod watch: {e}"),
-            }
-        }
-        panic!("pod watch ended")
-    })
+    count_where(api, target, |_| true)
 }
 
 /// Creates `n` objects with [`CONCURRENCY`] requests in flight.
