@@ -119,7 +119,9 @@ impl Link {
     /// Takes the pending changes, each with when it was first marked.
     pub fn take_pending(&self) -> Vec<(Changed, Instant)> {
         let mut dirty = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
-        dirty.drain().map(|(_, pending)| pending).collect()
+        // Taken, not drained: a start marks every object, and a drained map would keep
+        // room for all of them.
+        std::mem::take(&mut *dirty).into_values().collect()
     }
 
     /// The changes first marked at `marked` were written just now, in a delta.

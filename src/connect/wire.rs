@@ -567,11 +567,10 @@ mod pod_tests {
             "a-1"
         );
         assert_eq!(pod.metadata.managed_fields, None);
-        let annotations = pod.metadata.annotations.as_ref().unwrap();
-        assert_eq!(
-            annotations.keys().collect::<Vec<_>>(),
-            ["autonomic.sh/spec-hash"]
-        );
+        // Annotations: the two the manager reads, out of the metadata's map.
+        assert_eq!(pod.metadata.annotations, None);
+        assert_eq!(pod.spec_hash.as_deref(), Some("abc"));
+        assert_eq!(pod.context_summary, None);
 
         let mut crashing = served();
         crashing["status"]["containerStatuses"][0]["ready"] = json!(false);

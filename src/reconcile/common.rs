@@ -13,8 +13,7 @@ use crate::crd::{Kind, PhaseStatus, Reason};
 use crate::store::{MANAGED_BY, MANAGER, PodView};
 
 /// Hash of what the pod was built from; a different hash means "recreate".
-pub const SPEC_HASH: &str = "autonomic.sh/spec-hash";
-pub const CONTEXT_SUMMARY: &str = "autonomic.sh/context-summary";
+pub use crate::store::SPEC_HASH;
 pub const CONTEXT_SUMMARY_MAX: usize = 4096;
 
 /// Labels on every object created for custom resource `name` of `kind`.

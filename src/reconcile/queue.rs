@@ -34,6 +34,9 @@ pub struct Queue {
     notify: Notify,
 }
 
+/// The room an emptied queue keeps.
+const RETAINED: usize = 64;
+
 const RETRY_BASE: Duration = Duration::from_millis(500);
 const RETRY_CAP: Duration = Duration::from_secs(120);
 
@@ -114,6 +117,12 @@ impl Queue {
                     inner.queued.remove(&key);
                     inner.active.insert(key.clone());
                     let more = !inner.ready.is_empty();
+                    if !more {
+                        // A start queues every object at once; the emptied queue would
+                        // keep room for all of them (about 0.2 MB per 1 000) for good.
+                        inner.ready.shrink_to(RETAINED);
+                        inner.queued.shrink_to(RETAINED);
+                    }
                     drop(inner);
                     if more {
                         self.notify.notify_one();

@@ -226,7 +226,7 @@ pub fn plan(tool: &Tool, current: Option<&PodView>, demand: Demand, now: Timesta
     let live = current.filter(|p| p.metadata.deletion_timestamp.is_none());
     // The pod was built from another spec than the Tool's now.
     let stale = current.is_some_and(|p| {
-        common::pod_spec_hash(&p.metadata) != common::pod_spec_hash(&desired_pod(tool).metadata)
+        p.spec_hash.as_deref() != common::pod_spec_hash(&desired_pod(tool).metadata)
     });
     if tool.spec.disabled {
         return plan_of(
@@ -436,11 +436,9 @@ mod tests {
 
     /// The Tool's own pod as the cache would hold it once it reports `status_yaml`.
     fn pod(t: &Tool, status_yaml: &str) -> PodView {
-        let mut p: PodView =
-            serde_saphyr::from_str(&format!("{{metadata: {{name: x}}, status: {status_yaml}}}"))
-                .unwrap();
-        p.metadata = desired_pod(t).metadata;
-        p
+        let mut served = serde_json::to_value(desired_pod(t)).unwrap();
+        served["status"] = serde_saphyr::from_str(status_yaml).unwrap();
+        serde_json::from_value(served).unwrap()
     }
 
     const READY: &str = "{phase: Running, containerStatuses: [{name: tool, ready: true}]}";

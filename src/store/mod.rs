@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use cache::{Cache, ObjKey, SyncGate, trim};
-pub use pod::PodView;
+pub use pod::{PodView, SPEC_HASH};
 pub use secret::SecretView;
 
 use crate::crd::{Agent, Key, Kind, Memory, Runtime, Tool};

@@ -13,10 +13,43 @@ use serde::{Deserialize, Deserializer};
 
 #[derive(kube::Resource, Clone, Debug, Default, Deserialize, PartialEq)]
 #[resource(inherit = Pod)]
+#[serde(from = "Served")]
 pub struct PodView {
+    /// Without its annotations: the two the manager reads are below (a map's node on
+    /// the heap holds eleven entries however few it has: half a kilobyte a pod).
     pub metadata: ObjectMeta,
+    /// The `autonomic.sh/spec-hash` annotation: what the pod was built from.
+    pub spec_hash: Option<String>,
+    /// The `autonomic.sh/context-summary` annotation, which the agent may set.
+    pub context_summary: Option<String>,
     pub spec: Option<PodViewSpec>,
     pub status: Option<PodViewStatus>,
+}
+
+/// The annotation holding the hash of what a pod was built from.
+pub const SPEC_HASH: &str = "autonomic.sh/spec-hash";
+/// The annotation an agent may set on its pod to summarise its context.
+const CONTEXT_SUMMARY: &str = "autonomic.sh/context-summary";
+
+/// A pod as served, read into [`PodView`].
+#[derive(Deserialize)]
+struct Served {
+    metadata: ObjectMeta,
+    spec: Option<PodViewSpec>,
+    status: Option<PodViewStatus>,
+}
+
+impl From<Served> for PodView {
+    fn from(mut p: Served) -> Self {
+        let mut annotations = p.metadata.annotations.take().unwrap_or_default();
+        PodView {
+            spec_hash: annotations.remove(SPEC_HASH),
+            context_summary: annotations.remove(CONTEXT_SUMMARY),
+            metadata: p.metadata,
+            spec: p.spec,
+            status: p.status,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]

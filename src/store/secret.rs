@@ -1,9 +1,9 @@
-//! A Secret of ours as the manager reads it: who owns it, its labels, and a hash of each
-//! data value, never the data.
+//! A Secret of ours as the manager reads it: who owns it, and a hash of each label and
+//! data entry, never the data.
 //!
 //! The manager writes config Secrets (an Agent's, a Memory's) and only ever asks of the
 //! cached copy "is it ours, and does it already hold what we would write?". A hash of each
-//! value answers the second question; the values (an Agent's `config.json` is most of its
+//! entry answers the second question; the values (an Agent's `config.json` is most of its
 //! Secret) stay out of the cache, and the serde code for them out of the binary's hot
 //! path. Secrets are still written as k8s-openapi `Secret`s.
 
@@ -20,11 +20,12 @@ use serde::{Deserialize, Deserializer};
 pub struct SecretView {
     /// Without its labels: they are in `labels`.
     pub metadata: ObjectMeta,
-    /// The labels in key order: a map's node on the heap holds eleven entries however
-    /// few it has (about half a kilobyte per cached Secret).
-    pub labels: Vec<(String, String)>,
-    /// Each data key with the hash of its value as served (base64 text), in key order.
-    pub data: Vec<(String, u64)>,
+    /// A hash of each label (key and value), in no particular order: the manager only
+    /// asks whether a label it would write is there. A map's node on the heap holds eleven
+    /// entries however few it has; a pair of strings is two allocations more.
+    pub labels: Vec<u64>,
+    /// A hash of each data key with its value as served (base64 text).
+    pub data: Vec<u64>,
 }
 
 /// A Secret as served, read into [`SecretView`].
@@ -32,37 +33,34 @@ pub struct SecretView {
 struct Served {
     metadata: ObjectMeta,
     #[serde(default, deserialize_with = "hashed")]
-    data: Vec<(String, u64)>,
+    data: Vec<u64>,
 }
 
 impl From<Served> for SecretView {
     fn from(mut s: Served) -> Self {
-        let labels = s.metadata.labels.take().into_iter().flatten().collect();
+        let labels = s.metadata.labels.take().into_iter().flatten();
         SecretView {
             metadata: s.metadata,
-            labels,
+            labels: labels.map(|(k, v)| pair_hash(&k, &v)).collect(),
             data: s.data,
         }
     }
 }
 
-/// The hash of one data value in its JSON form (base64 text). Compared only within this
-/// process, so `DefaultHasher`'s fixed keys do.
-fn value_hash(base64: &str) -> u64 {
+/// The hash of a key and its value (a data value in its JSON form, base64 text).
+/// Compared only within this process, so `DefaultHasher`'s fixed keys do.
+fn pair_hash(key: &str, value: &str) -> u64 {
     let mut h = DefaultHasher::new();
-    base64.hash(&mut h);
+    (key, value).hash(&mut h);
     h.finish()
 }
 
-fn hashed<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(String, u64)>, D::Error> {
+fn hashed<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
     let data: Option<BTreeMap<String, String>> = Option::deserialize(d)?;
     Ok(data
         .into_iter()
         .flatten()
-        .map(|(k, v)| {
-            let h = value_hash(&v);
-            (k, h)
-        })
+        .map(|(k, v)| pair_hash(&k, &v))
         .collect())
 }
 
@@ -70,15 +68,12 @@ impl SecretView {
     /// Whether this Secret already holds every label and data value of `desired`; labels
     /// and keys others added are ignored, as a server-side apply would leave them.
     pub fn holds(&self, desired: &Secret) -> bool {
-        let labels_held = desired.metadata.labels.iter().flatten().all(|(k, v)| {
-            self.labels
-                .iter()
-                .any(|(key, value)| key == k && value == v)
-        });
+        let labels_held = (desired.metadata.labels.iter().flatten())
+            .all(|(k, v)| self.labels.contains(&pair_hash(k, v)));
         let data_held = desired.data.iter().flatten().all(|(k, v)| {
             let text = serde_json::to_value(v).unwrap_or_default();
-            let want = value_hash(text.as_str().unwrap_or_default());
-            self.data.iter().any(|(key, h)| key == k && *h == want)
+            let want = pair_hash(k, text.as_str().unwrap_or_default());
+            self.data.contains(&want)
         });
         labels_held && data_held
     }
@@ -116,6 +111,12 @@ mod tests {
         let mut relabelled = desired("{}");
         relabelled.metadata.labels = Some(BTreeMap::from([("x".to_owned(), "2".to_owned())]));
         assert!(!view.holds(&relabelled), "a changed label");
+        let mut renamed = desired("{}");
+        renamed.data = Some(BTreeMap::from([(
+            "other.json".to_owned(),
+            ByteString(b"{}".to_vec()),
+        )]));
+        assert!(!view.holds(&renamed), "the value under another key");
         let none: SecretView =
             serde_json::from_str(r#"{"metadata": {"name": "a-agent"}}"#).unwrap();
         assert!(!none.holds(&desired("{}")), "no data");

@@ -211,7 +211,7 @@ pub fn plan(agent: &Agent, desired: &Result<Pod, Problem>, current: Option<&PodV
             "waiting for the previous pod to terminate",
         );
     }
-    if common::pod_spec_hash(&pod.metadata) != common::pod_spec_hash(&desired.metadata) {
+    if pod.spec_hash.as_deref() != common::pod_spec_hash(&desired.metadata) {
         return plan_of(
             PodAction::Recreate,
             Pending,
@@ -377,7 +377,7 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
         });
     let old = agent.status.clone().unwrap_or_default();
     let context_summary = pod
-        .and_then(|p| p.annotations().get(common::CONTEXT_SUMMARY))
+        .and_then(|p| p.context_summary.as_ref())
         .map(|s| crate::text::cap_utf8(s, common::CONTEXT_SUMMARY_MAX).to_owned())
         .or(old.context_summary.clone());
     let keeps_pod = !matches!(plan.phase, AgentPhase::Paused) && pod.is_some();
@@ -426,13 +426,10 @@ mod tests {
 
     /// The desired pod as the cache would hold it once it reports `health_yaml`.
     fn owned_pod(a: &Agent, health_yaml: &str) -> PodView {
-        let mut p: PodView =
-            serde_saphyr::from_str(&format!("{{metadata: {{name: x}}, status: {health_yaml}}}"))
-                .unwrap();
-        p.metadata = desired_pod(a, None, &al(Some("agentlet:1")))
-            .unwrap()
-            .metadata;
-        p
+        let mut served =
+            serde_json::to_value(desired_pod(a, None, &al(Some("agentlet:1"))).unwrap()).unwrap();
+        served["status"] = serde_saphyr::from_str(health_yaml).unwrap();
+        serde_json::from_value(served).unwrap()
     }
 
     fn d_never(a: &Agent) -> Result<Pod, Problem> {
