@@ -13,8 +13,9 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::tungstenite::protocol::frame::Frame as WsFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Data, OpCode};
+use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
 use tracing::Instrument;
 
 use super::Context;
@@ -43,6 +44,32 @@ pub enum End {
 /// arriving within the window after a delta leave together at its end (newest state
 /// wins). Waiting the window for every change would add it to every change's latency.
 const COALESCE: Duration = Duration::from_millis(100);
+
+/// A message longer than this leaves as fragments of about this size (RFC 6455 §5.4):
+/// the socket's write buffer keeps the size of the largest frame it held, and a snapshot
+/// is 8 MB at 10 000 Agents. A snapshot's fragments are written as they are built, so
+/// its whole text is never held either. Pings and pongs may go between fragments; no
+/// data frame does, since this task sends every one.
+const PIECE: usize = 64 * 1024;
+
+/// `text` (UTF-8) in pieces of about `piece` bytes, none splitting a character, each
+/// with whether it is the last; views of the one buffer, not copies.
+fn split_text(text: Bytes, piece: usize) -> impl Iterator<Item = (Bytes, bool)> + Send {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        if at >= text.len() {
+            return None;
+        }
+        let mut end = (at + piece.max(4)).min(text.len());
+        // Back to the start of a character (never a continuation byte, 0b10xx_xxxx).
+        while end < text.len() && text[end] & 0xC0 == 0x80 {
+            end -= 1;
+        }
+        let part = text.slice(at..end);
+        at = end;
+        Some((part, at == text.len()))
+    })
+}
 
 /// How long shell sessions get to end at shutdown, after the close (the connector has
 /// 3 s in all, 2 s when the Lease is lost; the kill exec takes about 0.1 s).
@@ -92,7 +119,31 @@ impl<S: Transport> Conn<'_, S> {
     }
 
     async fn send(&mut self, frame: &Frame) -> Result<(), End> {
-        self.send_message(Message::text(frame::encode(frame))).await
+        let text = Bytes::from(frame::encode(frame));
+        if text.len() <= PIECE {
+            // One frame; `Bytes` from a `String` is its UTF-8.
+            return self
+                .send_message(Message::Text(text.try_into().expect("UTF-8")))
+                .await;
+        }
+        self.send_pieces(split_text(text, PIECE)).await.map(drop)
+    }
+
+    /// Sends one text message as fragments, each piece one, in order: the first a text
+    /// frame, the rest continuations, the one marked last final. Returns the bytes sent.
+    async fn send_pieces(
+        &mut self,
+        pieces: impl Iterator<Item = (Bytes, bool)> + Send,
+    ) -> Result<usize, End> {
+        let mut bytes = 0;
+        let mut opcode = OpCode::Data(Data::Text);
+        for (piece, last) in pieces {
+            bytes += piece.len();
+            let fragment = WsFrame::message(piece, opcode, last);
+            self.send_message(Message::Frame(fragment)).await?;
+            opcode = OpCode::Data(Data::Continue);
+        }
+        Ok(bytes)
     }
 
     async fn send_message(&mut self, message: Message) -> Result<(), End> {
@@ -137,9 +188,10 @@ impl<S: Transport> Conn<'_, S> {
         self.link().take_dirty();
         self.seq += 1;
         let started = Instant::now();
-        let text = wire::snapshot_text(self.ctx, self.seq);
-        let bytes = text.len();
-        self.send_message(Message::text(text)).await?;
+        let pieces = wire::snapshot_pieces(self.ctx, self.seq, PIECE);
+        let bytes = self
+            .send_pieces(pieces.map(|(p, last)| (Bytes::from(p), last)))
+            .await?;
         let metrics = &self.link().metrics;
         metrics.snapshot_bytes.observe(bytes as f64);
         metrics
@@ -1008,6 +1060,70 @@ mod tests {
             assert_eq!(snapshot.seq, seq);
         }
         stopped(cp, stop, task).await;
+    }
+
+    /// A snapshot larger than a piece leaves as fragments of one message: a peer that
+    /// takes no frame over 70 KiB still gets the whole snapshot (200 KB here), equal to
+    /// the text written at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_large_snapshot_leaves_in_fragments_of_one_message() {
+        let ctx = crate::connect::test_context();
+        for i in 0..300 {
+            let agent: crate::crd::Agent = serde_json::from_value(serde_json::json!({
+                "apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
+                "metadata": {"name": format!("agent-{i:04}"), "namespace": "team", "uid": format!("u-{i}")},
+                "spec": {"runtime": {"image": "registry.example/agent:1.2.3", "args": ["é".repeat(100)]}},
+            }))
+            .unwrap();
+            ctx.store.agents.insert(agent);
+        }
+        let whole = wire::snapshot_text_of(1, wire::all(&ctx).into_iter());
+        assert!(whole.len() > 2 * PIECE, "{} bytes", whole.len());
+        let (ours, theirs) = tokio::io::duplex(1 << 20);
+        let ours = crate::connect::progress::Progress::new(ours);
+        let ws = WebSocketStream::from_raw_socket(ours, Role::Client, None).await;
+        let small_frames = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+            .max_frame_size(Some(PIECE + 6 * 1024));
+        let mut cp =
+            WebSocketStream::from_raw_socket(theirs, Role::Server, Some(small_frames)).await;
+        let (stop, mut stopping) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let seams = Seams {
+                answer: answer_control,
+                runner: crate::connect::shell::exec_runner,
+            };
+            run_with(&ctx, ws, Frame::Resync, &mut stopping, |_| {}, seams).await
+        });
+        next_frame(&mut cp).await;
+        cp.send(Message::text(r#"{"type":"welcome","deployment_id":"d"}"#))
+            .await
+            .unwrap();
+        let text = loop {
+            match cp.next().await {
+                Some(Ok(Message::Text(t))) => break t,
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                other => panic!("expected the snapshot, got {other:?}"),
+            }
+        };
+        assert_eq!(text.as_str(), whole);
+        stopped(cp, stop, task).await;
+    }
+
+    #[test]
+    fn text_splits_into_pieces_on_character_boundaries() {
+        let text = "aé€😀".repeat(1000);
+        for piece in [4, 5, 7, 64, 100_000] {
+            let parts: Vec<(Bytes, bool)> = split_text(Bytes::from(text.clone()), piece).collect();
+            assert!(
+                parts
+                    .iter()
+                    .all(|(p, _)| std::str::from_utf8(p).is_ok() && p.len() <= piece.max(4))
+            );
+            assert_eq!(parts.iter().filter(|(_, last)| *last).count(), 1);
+            assert!(parts.last().unwrap().1);
+            let joined: Vec<u8> = parts.iter().flat_map(|(p, _)| p.to_vec()).collect();
+            assert_eq!(joined, text.as_bytes());
+        }
     }
 
     /// The control plane's end of a pipe, reading at most `chunk` bytes a second.
