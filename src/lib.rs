@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod audit;
+mod backoff;
 pub mod check;
 mod cluster;
 pub mod config;

@@ -31,7 +31,7 @@ use support::*;
 
 const TOKEN: &str = "tok_live_4a7c2e9f1b3d5a60";
 /// The log line of a watch the API server ended with 410 Gone (reason `Expired`).
-const GONE: &str = "error returned by apiserver during watch";
+const GONE: &str = "watch expired (410 Gone): relisting";
 
 fn agent(name: &str) -> String {
     format!(

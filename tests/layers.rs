@@ -7,7 +7,7 @@ use std::path::Path;
 
 /// Lowest first. `lib.rs` (the application) sits above them all.
 const LAYERS: &[&[&str]] = &[
-    &["text", "crd", "egress"],
+    &["text", "crd", "egress", "backoff"],
     &["config", "audit", "metrics", "store"],
     &["cluster"],
     &["reconcile"],

@@ -5,6 +5,7 @@
 //! Layers: `crd` ← `store` ← `reconcile` ← `connect`; nothing here writes to the cluster.
 
 mod cache;
+mod list;
 mod pod;
 mod secret;
 pub mod watch;

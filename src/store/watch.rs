@@ -6,36 +6,30 @@ use std::collections::HashSet;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use futures::{StreamExt, TryStreamExt};
+use std::time::Duration;
+
+use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use super::cache::ObjKey;
+use super::cache::{Slot, slot_of};
+use super::list::RELIST_PAGE;
 use super::{Cache, MANAGED_SELECTOR, PodView, SecretView, Store, controller_of};
+use crate::backoff::{Backoff, system_random};
 use crate::crd::{Agent, Key, Kind, Memory, Runtime, Tool};
 
-/// Objects per list request of the initial (and every re-) list, by kind. A page's body
-/// is held whole, twice over, while it is read (kube copies it into one buffer, then into
-/// a string): about 7 KB a pod as served, 1 KB an Agent or Secret. Pages of 500 pods
-/// raised the peak with 1 000 Agents by half (BENCHMARKS.md); pages of 100 made a fresh
-/// manager's lists of 10 000 Agents, pods and Secrets 300 round trips. The lists run
-/// at once, one per kind: the pods' is the longest.
-const LIST_PAGE: u32 = 500;
-const LIST_PAGE_PODS: u32 = 200;
+/// A watch request's server-side timeout; a stream that brings nothing (no event, no
+/// bookmark) for a little longer is taken for dead and the watch resumed.
+const WATCH_TIMEOUT_S: u32 = 290;
+const WATCH_IDLE: Duration = Duration::from_secs(WATCH_TIMEOUT_S as u64 + 10);
 
-/// Secrets per list request. Any namespace user can label Secrets of up to 1 MiB as
-/// ours, and a page is held whole (its JSON, then the decoded objects) before the cache
-/// takes it: a page of 100 such Secrets took a starting manager to a 273 MiB peak, past
-/// its 128Mi limit, at every restart (`tests/hostile.rs`). 8 keep a page under 20 MiB;
-/// the cost is a list request per 8 Secrets (one per Agent) at start and relist: on the
-/// test bed 2.5 ms each, 0.31 ms a Secret against 0.18 ms at 100 a page.
-const SECRET_PAGE: u32 = 8;
+/// The waits between failed lists or watches (kube's watcher waited 0.8 s to 30 s).
+const RETRY_FIRST: Duration = Duration::from_millis(800);
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// One object a watch saw, of any watched type.
 #[derive(Clone, Copy)]
@@ -154,27 +148,13 @@ impl Watch<'_> {
             + Sync
             + 'static,
     {
-        let api: Api<K> = match &self.scope {
-            Some(ns) => Api::namespaced(self.client.clone(), ns),
-            None => Api::all(self.client.clone()),
-        };
         let kind = K::kind(&());
-        let page = match kind.as_ref() {
-            "Secret" => SECRET_PAGE,
-            "Pod" => LIST_PAGE_PODS,
-            _ => LIST_PAGE,
-        };
         // The wire form reads the custom resources and pods, never Secrets or Services:
-        // the first snapshot need not wait for their lists (the Secrets' is the longest,
-        // in pages of SECRET_PAGE).
+        // the first snapshot need not wait for their lists.
         let wire = !matches!(kind.as_ref(), "Secret" | "Service");
-        let mut config = watcher::Config::default().page_size(page);
-        if let Some(selector) = selector {
-            config = config.labels(selector);
-        }
         let span = tracing::info_span!(
             "watch",
-            kind = %K::kind(&()),
+            kind = %kind,
             namespace = self.scope.as_deref().unwrap_or("*"),
         );
         let listener = self.listener.clone();
@@ -184,37 +164,42 @@ impl Watch<'_> {
                 removed,
             })
         };
-        let fed = drive(
-            api,
-            config,
-            wire,
-            self.scope.clone(),
-            self.store.clone(),
-            cache,
-            on_change,
-        );
+        let source = Source {
+            client: self.client.clone(),
+            scope: self.scope.clone(),
+            selector: selector.map(str::to_owned),
+        };
+        let fed = drive(source, wire, self.store.clone(), cache, on_change);
         tasks.spawn(fed.instrument(span));
     }
 }
 
-/// Feeds one cache from one watch stream until the stream ends (it never does on its
-/// own: the watcher retries with backoff). `on_change` runs for every change, in order,
-/// with `true` for a removal.
+/// Where one watch reads: a type's objects in one namespace (or all), with a selector.
+struct Source {
+    client: Client,
+    scope: Option<String>,
+    selector: Option<String>,
+}
+
+/// Feeds one cache from one source for good: lists (the first time from the API
+/// server's watch cache, whole; after 410 Gone from etcd, in pages), then watches from
+/// the list's version, resuming after each end, stall or failure (with backoff) and
+/// listing again on 410. `on_change` runs for every change, in order, with `true` for a
+/// removal; a list's objects are upserted as they arrive and what it did not bring is
+/// pruned at its end, so the cache is never empty meanwhile.
 ///
 /// The stream is counted in the sync gate when `drive` is called, not when its future
 /// first runs: otherwise the gate could say "synced" while a spawned stream has not
 /// started (a Tool decided before the Agent watch listed would see no users).
 fn drive<K>(
-    api: Api<K>,
-    config: watcher::Config,
+    source: Source,
     wire: bool,
-    scope: Option<String>,
     store: Arc<Store>,
     cache: fn(&Store) -> &Cache<K>,
-    on_change: impl Fn(&K, bool) + Send,
+    on_change: impl Fn(&K, bool) + Send + Sync,
 ) -> impl Future<Output = ()> + Send
 where
-    K: Resource<DynamicType = ()>
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
         + ResourceExt
         + Clone
         + DeserializeOwned
@@ -228,46 +213,338 @@ where
         store.wire_synced.expect();
     }
     async move {
+        if !wire {
+            // Secrets and Services list once the wire form's watches have: on a busy
+            // API server they would slow the lists the first snapshot waits for, and
+            // nothing but the reconcilers waits for them.
+            store.wire_synced.wait().await;
+        }
+        let api: Api<K> = match &source.scope {
+            Some(ns) => Api::namespaced(source.client.clone(), ns),
+            None => Api::all(source.client.clone()),
+        };
+        let path = K::url_path(&(), source.scope.as_deref());
+        let mut retry = Backoff::new(RETRY_FIRST, RETRY_MAX).expect("valid backoff");
         let mut first_sync = true;
-        let mut seen: HashSet<ObjKey> = HashSet::new();
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        // The version to resume watching from; none: list first.
+        let mut version: Option<String> = None;
         loop {
-            let event = match stream.try_next().await {
-                Ok(Some(event)) => event,
-                Ok(None) => return,
+            let Some(from) = version.take() else {
+                let started = tokio::time::Instant::now();
+                // The first list from the API server's watch cache, whole; a relist (the
+                // watch expired: 410) consistently, from etcd, in pages.
+                let params = ListParams {
+                    label_selector: source.selector.clone(),
+                    ..if first_sync {
+                        ListParams::default().match_any()
+                    } else {
+                        ListParams::default().limit(RELIST_PAGE)
+                    }
+                };
+                let c = cache(&store);
+                let mut seen: HashSet<Slot> = HashSet::new();
+                let listed = super::list::list(&source.client, &path, params, |obj: K| {
+                    seen.insert(slot_of(&obj));
+                    on_change(&c.insert(obj), false);
+                })
+                .await;
+                match listed {
+                    Ok(v) => {
+                        for gone in c.prune(source.scope.as_deref(), &seen) {
+                            on_change(&gone, true);
+                        }
+                        retry.reset();
+                        version = Some(v);
+                        if first_sync {
+                            first_sync = false;
+                            tracing::info!(
+                                objects = c.count(),
+                                ms = started.elapsed().as_millis() as u64,
+                                "listed"
+                            );
+                            store.synced.mark();
+                            if wire {
+                                store.wire_synced.mark();
+                            }
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "list failed, retrying");
+                        tokio::time::sleep(retry.next_delay_with(system_random)).await;
+                    }
+                }
+                continue;
+            };
+            let params = WatchParams {
+                label_selector: source.selector.clone(),
+                ..WatchParams::default().timeout(WATCH_TIMEOUT_S)
+            };
+            let mut stream = match api.watch(&params, &from).await {
+                Ok(stream) => stream.boxed(),
+                Err(kube::Error::Api(s)) if s.code == 410 => {
+                    tracing::warn!(reason = %s.reason, "watch expired (410 Gone): relisting");
+                    continue;
+                }
                 Err(err) => {
-                    // The backoff wrapper already paces retries; the stream goes on.
                     tracing::warn!(error = %err, "watch failed, retrying");
+                    version = Some(from);
+                    tokio::time::sleep(retry.next_delay_with(system_random)).await;
                     continue;
                 }
             };
             let c = cache(&store);
-            match event {
-                Event::Init => seen.clear(),
-                Event::InitApply(obj) => {
-                    seen.insert((obj.namespace().unwrap_or_default(), obj.name_any()));
-                    on_change(&c.insert(obj), false);
-                }
-                Event::InitDone => {
-                    for gone in c.prune(scope.as_deref(), &seen) {
+            let mut at = from;
+            let relist = loop {
+                let event = match tokio::time::timeout(WATCH_IDLE, stream.next()).await {
+                    // Idle past the server's own timeout, or ended: resume.
+                    Err(_) | Ok(None) => break false,
+                    Ok(Some(Ok(event))) => event,
+                    // One event that does not decode: skipped, as a list skips such an
+                    // object (resuming before it would meet it again).
+                    Ok(Some(Err(kube::Error::SerdeError(err)))) => {
+                        tracing::warn!(error = %err, "a watch event does not decode: skipped");
+                        continue;
+                    }
+                    Ok(Some(Err(kube::Error::Api(s)))) if s.code == 410 => {
+                        tracing::warn!(reason = %s.reason, "watch expired (410 Gone): relisting");
+                        break true;
+                    }
+                    Ok(Some(Err(err))) => {
+                        tracing::warn!(error = %err, "watch failed, retrying");
+                        tokio::time::sleep(retry.next_delay_with(system_random)).await;
+                        break false;
+                    }
+                };
+                match event {
+                    WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
+                        at = obj.resource_version().unwrap_or(at);
+                        on_change(&c.insert(obj), false);
+                    }
+                    WatchEvent::Deleted(obj) => {
+                        at = obj.resource_version().unwrap_or(at);
+                        let gone = c.remove(&slot_of(&obj)).unwrap_or_else(|| Arc::new(obj));
                         on_change(&gone, true);
                     }
-                    seen.clear();
-                    if first_sync {
-                        first_sync = false;
-                        store.synced.mark();
-                        if wire {
-                            store.wire_synced.mark();
-                        }
+                    WatchEvent::Bookmark(b) => at = b.metadata.resource_version,
+                    WatchEvent::Error(e) if e.code == 410 => {
+                        tracing::warn!(reason = %e.reason, message = %e.message, "watch expired (410 Gone): relisting");
+                        break true;
+                    }
+                    WatchEvent::Error(e) => {
+                        tracing::warn!(code = e.code, reason = %e.reason, message = %e.message, "watch failed, retrying");
+                        tokio::time::sleep(retry.next_delay_with(system_random)).await;
+                        break false;
                     }
                 }
-                Event::Apply(obj) => on_change(&c.insert(obj), false),
-                Event::Delete(obj) => {
-                    let key = (obj.namespace().unwrap_or_default(), obj.name_any());
-                    let gone = c.remove(&key).unwrap_or_else(|| Arc::new(obj));
-                    on_change(&gone, true);
-                }
+                retry.reset();
+            };
+            if !relist {
+                version = Some(at);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The loop's order of requests and its clock, against a scripted API server in
+    //! process (the tests on the test bed check it against a real one: restarts, 410s,
+    //! compactions); here the paused clock times the idle bound exactly.
+    use std::collections::VecDeque;
+    use std::convert::Infallible;
+    use std::sync::Mutex;
+
+    use futures::channel::mpsc;
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+    use tokio::time::Instant;
+    use tokio_tungstenite::tungstenite::Bytes;
+    use tokio_tungstenite::tungstenite::http::{Request, Response};
+
+    use super::*;
+
+    type Chunk = Result<Frame<Bytes>, Infallible>;
+    type Chunks = mpsc::UnboundedSender<Chunk>;
+
+    /// Answers each request with the next body the test queued (else one that never
+    /// comes), and keeps every request's URI with when it came.
+    #[derive(Default)]
+    struct Scripted {
+        bodies: Mutex<VecDeque<mpsc::UnboundedReceiver<Chunk>>>,
+        seen: Mutex<VecDeque<(String, Instant)>>,
+        arrived: tokio::sync::Notify,
+    }
+
+    impl Scripted {
+        /// Queues a body; returns its sender (dropped: the body ends).
+        fn answer(&self) -> Chunks {
+            let (tx, rx) = mpsc::unbounded();
+            self.bodies.lock().unwrap().push_back(rx);
+            tx
+        }
+        async fn next_request(&self) -> (String, Instant) {
+            loop {
+                let arrived = self.arrived.notified();
+                if let Some(r) = self.seen.lock().unwrap().pop_front() {
+                    return r;
+                }
+                arrived.await;
+            }
+        }
+    }
+
+    fn send(tx: &Chunks, text: &str) {
+        tx.unbounded_send(Ok(Frame::data(Bytes::from(text.to_owned()))))
+            .unwrap();
+    }
+
+    fn pod(name: &str, rv: u32) -> String {
+        format!(r#"{{"metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}"}}}}"#)
+    }
+
+    fn client(api: &Arc<Scripted>) -> Client {
+        let api = api.clone();
+        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+            let api = api.clone();
+            async move {
+                let body = api.bodies.lock().unwrap().pop_front();
+                let body = body.unwrap_or_else(|| {
+                    let (tx, rx) = mpsc::unbounded();
+                    std::mem::forget(tx);
+                    rx
+                });
+                let uri = req.uri().to_string();
+                api.seen.lock().unwrap().push_back((uri, Instant::now()));
+                api.arrived.notify_waiters();
+                Ok::<_, Infallible>(Response::new(StreamBody::new(body)))
+            }
+        });
+        Client::new(service, "ns")
+    }
+
+    /// First list from the watch cache, whole; the watch from its version; a silent
+    /// watch resumed exactly at the idle bound from the last version seen; 410 Gone → a
+    /// consistent list in pages, pruning what it did not bring; then a watch again.
+    #[tokio::test(start_paused = true)]
+    async fn lists_watches_resumes_at_the_idle_bound_and_relists_on_410() {
+        let api = Arc::new(Scripted::default());
+        let store = Arc::new(Store::default());
+        let removed = Arc::new(Mutex::new(Vec::new()));
+        let source = Source {
+            client: client(&api),
+            scope: Some("ns".into()),
+            selector: Some(MANAGED_SELECTOR.into()),
+        };
+        let list = api.answer();
+        let gone = removed.clone();
+        let on_change = move |p: &PodView, rm: bool| {
+            if rm {
+                gone.lock().unwrap().push(p.name_any());
+            }
+        };
+        let task = tokio::spawn(drive(source, true, store.clone(), |s| &s.pods, on_change));
+
+        let (uri, _) = api.next_request().await;
+        assert!(uri.starts_with("/api/v1/namespaces/ns/pods?"), "{uri}");
+        assert!(
+            uri.contains("resourceVersion=0") && !uri.contains("limit"),
+            "{uri}"
+        );
+        assert!(
+            uri.contains("labelSelector=app.kubernetes.io%2Fmanaged-by%3Dautonomic"),
+            "{uri}"
+        );
+        let watch = api.answer();
+        // The list in pieces that cut its items anywhere.
+        let body = format!(
+            r#"{{"kind":"PodList","metadata":{{"resourceVersion":"10"}},"items":[{},{}]}}"#,
+            pod("a", 9),
+            pod("b", 10)
+        );
+        for piece in body.as_bytes().chunks(7) {
+            send(&list, std::str::from_utf8(piece).unwrap());
+        }
+        drop(list);
+
+        let (uri, listed_at) = api.next_request().await;
+        assert!(store.wire_synced.is_synced() && store.pods.count() == 2);
+        assert!(
+            uri.contains("watch=true") && uri.contains("resourceVersion=10"),
+            "{uri}"
+        );
+        assert!(uri.contains("timeoutSeconds=290"), "{uri}");
+        send(
+            &watch,
+            &format!("{{\"type\":\"MODIFIED\",\"object\":{}}}\n", pod("a", 11)),
+        );
+        // Then silence, the connection open: resumed from 11 at exactly the idle bound.
+        let resumed = api.answer();
+        let (uri, at) = api.next_request().await;
+        assert_eq!(at - listed_at, WATCH_IDLE);
+        assert!(
+            uri.contains("watch=true") && uri.contains("resourceVersion=11"),
+            "{uri}"
+        );
+        drop(watch);
+
+        let relist = api.answer();
+        send(
+            &resumed,
+            r#"{"type":"ERROR","object":{"kind":"Status","status":"Failure","reason":"Expired","code":410,"message":"too old resource version"}}
+"#,
+        );
+        let (uri, at) = api.next_request().await;
+        assert_eq!(at - listed_at, WATCH_IDLE, "the relist at once");
+        assert!(
+            uri.contains("limit=500") && !uri.contains("resourceVersion"),
+            "{uri}"
+        );
+        let rewatch = api.answer();
+        send(
+            &relist,
+            &format!(
+                r#"{{"metadata":{{"resourceVersion":"12"}},"items":[{}]}}"#,
+                pod("a", 12)
+            ),
+        );
+        drop(relist);
+        let (uri, _) = api.next_request().await;
+        assert!(
+            uri.contains("watch=true") && uri.contains("resourceVersion=12"),
+            "{uri}"
+        );
+        assert_eq!(*removed.lock().unwrap(), ["b"]);
+        let a = store.pods.get("ns", "a").unwrap();
+        assert_eq!(a.metadata.resource_version.as_deref(), Some("12"));
+        drop(rewatch);
+        task.abort();
+    }
+
+    /// A list that fails is retried after the backoff's first wait at most; the gate
+    /// stays closed until one succeeds.
+    #[tokio::test(start_paused = true)]
+    async fn a_broken_list_is_retried_after_a_backoff() {
+        let api = Arc::new(Scripted::default());
+        let store = Arc::new(Store::default());
+        let source = Source {
+            client: client(&api),
+            scope: None,
+            selector: None,
+        };
+        let broken = api.answer();
+        let task = tokio::spawn(drive(source, true, store.clone(), |s| &s.pods, |_, _| {}));
+        let (uri, first) = api.next_request().await;
+        assert!(uri.starts_with("/api/v1/pods?"), "{uri}");
+        send(&broken, r#"{"metadata":{"resourceVersion":"1"},"items":[{"#);
+        drop(broken);
+        let ok = api.answer();
+        let (_, second) = api.next_request().await;
+        assert!(second - first <= RETRY_FIRST, "{:?}", second - first);
+        assert!(!store.wire_synced.is_synced());
+        send(&ok, r#"{"metadata":{"resourceVersion":"1"},"items":[]}"#);
+        drop(ok);
+        api.next_request().await; // the watch
+        assert!(store.wire_synced.is_synced());
+        task.abort();
     }
 }
