@@ -246,18 +246,20 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
         return;
     };
     // The first snapshot must hold everything: wait for the initial lists of what the
-    // wire form reads.
-    tokio::select! {
-        () = ctx.store.wire_synced.wait() => {}
+    // wire form reads, asking the cluster's identity for `hello` meanwhile.
+    let ids = async {
+        Ids {
+            boot_id: crate::boot_id().to_owned(),
+            cluster_id: cluster_id(&ctx).await,
+            kubernetes_version: match ctx.kube.client().apiserver_version().await {
+                Ok(v) => v.git_version,
+                Err(_) => String::new(),
+            },
+        }
+    };
+    let ids = tokio::select! {
+        (ids, ()) = async { tokio::join!(ids, ctx.store.wire_synced.wait()) } => ids,
         _ = shutdown.changed() => return,
-    }
-    let ids = Ids {
-        boot_id: crate::boot_id().to_owned(),
-        cluster_id: cluster_id(&ctx).await,
-        kubernetes_version: match ctx.kube.client().apiserver_version().await {
-            Ok(v) => v.git_version,
-            Err(_) => String::new(),
-        },
     };
     if config.transport == crate::config::Transport::Http {
         let hello = hello(&ctx, &ids, false);

@@ -16,6 +16,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 pub const API_VERSION: &str = "autonomic.sh/v1alpha1";
+/// The API group of the custom resources.
+pub const GROUP: &str = "autonomic.sh";
 
 /// The four kinds of RESOURCES.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]

@@ -6,10 +6,18 @@
 //! times over. That forced small pages (a fresh manager with 10 000 Agents made about a
 //! hundred list requests, which on a busy API server took most of its start), and pages
 //! of 8 for Secrets, which anyone may label as ours at 1 MiB each. Read this way, what a
-//! list holds at once is one object, whatever the page size, so the first list of every
-//! watch is one request served from the API server's watch cache (`resourceVersion=0`,
-//! as client-go's informers do: it ignores `limit` there), and relists after a 410 are
-//! consistent reads from etcd in pages of [`RELIST_PAGE`].
+//! list holds at once is one object, whatever the page size.
+//!
+//! Where a list is served from, measured on the test bed with 10 000 Agents, pods and
+//! Secrets: a custom resource is stored in etcd as JSON and read back through the
+//! API server's unstructured decoding, so its first list is one request served from
+//! the watch cache (`resourceVersion=0`, as client-go's informers do; `limit` is ignored
+//! there): Agents 2.7 s of the server from etcd, 0.7 s from the cache. Built-in kinds
+//! are stored as protobuf, and one whole response is encoded before its first byte
+//! leaves, while pages overlap the server's encoding with our reading: pods listed in
+//! 3.1 s in pages of [`PAGE`] from etcd against 4.2 s whole from the cache, with the
+//! Agents' list running alongside. Relists after a 410 are consistent reads from etcd
+//! in pages for every kind (the cache may be behind what the watch already brought).
 
 use std::time::Duration;
 
@@ -19,9 +27,8 @@ use kube::Client;
 use kube::api::ListParams;
 use serde::de::DeserializeOwned;
 
-/// Objects per page when a list must be consistent (a relist after 410 Gone): read from
-/// etcd, where the API server pages.
-pub const RELIST_PAGE: u32 = 500;
+/// Objects per page of a list read from etcd, where the API server pages.
+pub const PAGE: u32 = 500;
 
 /// The largest object a list may carry. The API server stores at most 1.5 MiB an object
 /// (etcd's request limit), which its JSON form may exceed a little; past this the body is

@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use super::cache::{Slot, slot_of};
-use super::list::RELIST_PAGE;
+use super::list::PAGE;
 use super::{Cache, MANAGED_SELECTOR, PodView, SecretView, Store, controller_of};
 use crate::backoff::{Backoff, system_random};
 use crate::crd::{Agent, Key, Kind, Memory, Runtime, Tool};
@@ -231,14 +231,15 @@ where
         loop {
             let Some(from) = version.take() else {
                 let started = tokio::time::Instant::now();
-                // The first list from the API server's watch cache, whole; a relist (the
-                // watch expired: 410) consistently, from etcd, in pages.
+                // A custom resource's first list from the API server's watch cache, whole;
+                // built-in kinds, and every relist (the watch expired: 410), consistently
+                // from etcd, in pages (see `store::list`).
                 let params = ListParams {
                     label_selector: source.selector.clone(),
-                    ..if first_sync {
+                    ..if first_sync && K::group(&()) == crate::crd::GROUP {
                         ListParams::default().match_any()
                     } else {
-                        ListParams::default().limit(RELIST_PAGE)
+                        ListParams::default().limit(PAGE)
                     }
                 };
                 let c = cache(&store);
@@ -398,8 +399,11 @@ mod tests {
             .unwrap();
     }
 
-    fn pod(name: &str, rv: u32) -> String {
-        format!(r#"{{"metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}"}}}}"#)
+    /// An object as served (an Agent's spec may be empty; a pod's is not read).
+    fn object(name: &str, rv: u32) -> String {
+        format!(
+            r#"{{"metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}"}},"spec":{{}}}}"#
+        )
     }
 
     fn client(api: &Arc<Scripted>) -> Client {
@@ -422,7 +426,8 @@ mod tests {
         Client::new(service, "ns")
     }
 
-    /// First list from the watch cache, whole; the watch from its version; a silent
+    /// A custom resource's first list from the watch cache, whole; the watch from its
+    /// version; a silent
     /// watch resumed exactly at the idle bound from the last version seen; 410 Gone → a
     /// consistent list in pages, pruning what it did not bring; then a watch again.
     #[tokio::test(start_paused = true)]
@@ -437,15 +442,18 @@ mod tests {
         };
         let list = api.answer();
         let gone = removed.clone();
-        let on_change = move |p: &PodView, rm: bool| {
+        let on_change = move |p: &Agent, rm: bool| {
             if rm {
                 gone.lock().unwrap().push(p.name_any());
             }
         };
-        let task = tokio::spawn(drive(source, true, store.clone(), |s| &s.pods, on_change));
+        let task = tokio::spawn(drive(source, true, store.clone(), |s| &s.agents, on_change));
 
         let (uri, _) = api.next_request().await;
-        assert!(uri.starts_with("/api/v1/namespaces/ns/pods?"), "{uri}");
+        assert!(
+            uri.starts_with("/apis/autonomic.sh/v1alpha1/namespaces/ns/agents?"),
+            "{uri}"
+        );
         assert!(
             uri.contains("resourceVersion=0") && !uri.contains("limit"),
             "{uri}"
@@ -457,9 +465,9 @@ mod tests {
         let watch = api.answer();
         // The list in pieces that cut its items anywhere.
         let body = format!(
-            r#"{{"kind":"PodList","metadata":{{"resourceVersion":"10"}},"items":[{},{}]}}"#,
-            pod("a", 9),
-            pod("b", 10)
+            r#"{{"kind":"AgentList","metadata":{{"resourceVersion":"10"}},"items":[{},{}]}}"#,
+            object("a", 9),
+            object("b", 10)
         );
         for piece in body.as_bytes().chunks(7) {
             send(&list, std::str::from_utf8(piece).unwrap());
@@ -467,7 +475,7 @@ mod tests {
         drop(list);
 
         let (uri, listed_at) = api.next_request().await;
-        assert!(store.wire_synced.is_synced() && store.pods.count() == 2);
+        assert!(store.wire_synced.is_synced() && store.agents.count() == 2);
         assert!(
             uri.contains("watch=true") && uri.contains("resourceVersion=10"),
             "{uri}"
@@ -475,7 +483,7 @@ mod tests {
         assert!(uri.contains("timeoutSeconds=290"), "{uri}");
         send(
             &watch,
-            &format!("{{\"type\":\"MODIFIED\",\"object\":{}}}\n", pod("a", 11)),
+            &format!("{{\"type\":\"MODIFIED\",\"object\":{}}}\n", object("a", 11)),
         );
         // Then silence, the connection open: resumed from 11 at exactly the idle bound.
         let resumed = api.answer();
@@ -504,7 +512,7 @@ mod tests {
             &relist,
             &format!(
                 r#"{{"metadata":{{"resourceVersion":"12"}},"items":[{}]}}"#,
-                pod("a", 12)
+                object("a", 12)
             ),
         );
         drop(relist);
@@ -514,14 +522,14 @@ mod tests {
             "{uri}"
         );
         assert_eq!(*removed.lock().unwrap(), ["b"]);
-        let a = store.pods.get("ns", "a").unwrap();
+        let a = store.agents.get("ns", "a").unwrap();
         assert_eq!(a.metadata.resource_version.as_deref(), Some("12"));
         drop(rewatch);
         task.abort();
     }
 
-    /// A list that fails is retried after the backoff's first wait at most; the gate
-    /// stays closed until one succeeds.
+    /// A built-in kind's first list is paged from etcd; a list that fails is retried
+    /// after the backoff's first wait at most; the gate stays closed until one succeeds.
     #[tokio::test(start_paused = true)]
     async fn a_broken_list_is_retried_after_a_backoff() {
         let api = Arc::new(Scripted::default());
@@ -534,7 +542,12 @@ mod tests {
         let broken = api.answer();
         let task = tokio::spawn(drive(source, true, store.clone(), |s| &s.pods, |_, _| {}));
         let (uri, first) = api.next_request().await;
+        // A built-in kind lists from etcd in pages, even the first time.
         assert!(uri.starts_with("/api/v1/pods?"), "{uri}");
+        assert!(
+            uri.contains("limit=500") && !uri.contains("resourceVersion"),
+            "{uri}"
+        );
         send(&broken, r#"{"metadata":{"resourceVersion":"1"},"items":[{"#);
         drop(broken);
         let ok = api.answer();
