@@ -38,6 +38,10 @@ use tracing::Instrument;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// Managed, how long after the wire form's lists the others wait at most for the first
+/// snapshot to be out (see `Store::later`).
+const LATER_BOUND: Duration = Duration::from_secs(5);
+
 /// This process's boot id, drawn once: `hello` and the Lease identity carry the same.
 pub fn boot_id() -> &'static str {
     static BOOT_ID: OnceLock<String> = OnceLock::new();
@@ -199,7 +203,20 @@ pub async fn serve(
             }
         })
     };
-    // Watches and caches always run: a standby is warm and takes over fast.
+    // Watches and caches always run: a standby is warm and takes over fast. Unmanaged,
+    // every list starts at once; managed, the lists the first snapshot does not need
+    // wait for it to be out (the session opens `later`), or LATER_BOUND after the lists
+    // it needs (a standby, an unreachable control plane).
+    if config.managed {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store.wire_synced.wait().await;
+            tokio::time::sleep(LATER_BOUND).await;
+            store.later.open();
+        });
+    } else {
+        store.later.open();
+    }
     store::watch::spawn(&store, &client, &config.namespaces, &on_change, &mut tasks);
     let mut elector = config.leader_election.then(|| {
         let identity = format!("{}_{}", config.pod_name, boot_id());

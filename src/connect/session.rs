@@ -198,6 +198,8 @@ impl<S: Transport> Conn<'_, S> {
             .snapshot_duration
             .observe_duration(started.elapsed());
         self.link().snapshots_sent.fetch_add(1, Relaxed);
+        // The first snapshot is out: the lists it did not need may start.
+        self.ctx.store.later.open();
         Ok(())
     }
 

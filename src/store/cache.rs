@@ -159,6 +159,32 @@ impl SyncGate {
     }
 }
 
+/// Opens once, for good; waiters wake when it does.
+#[derive(Default)]
+pub struct Latch {
+    open: std::sync::atomic::AtomicBool,
+    opened: tokio::sync::Notify,
+}
+
+impl Latch {
+    pub fn open(&self) {
+        self.open.store(true, Ordering::SeqCst);
+        self.opened.notify_waiters();
+    }
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::SeqCst)
+    }
+    pub async fn wait(&self) {
+        loop {
+            let opened = self.opened.notified();
+            if self.is_open() {
+                return;
+            }
+            opened.await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-pub use cache::{Cache, ObjKey, SyncGate, trim};
+pub use cache::{Cache, Latch, ObjKey, SyncGate, trim};
 pub use pod::{PodView, SPEC_HASH};
 pub use secret::SecretView;
 
@@ -43,6 +43,10 @@ pub struct Store {
     /// Opens once the watches the wire form reads (the custom resources and pods) have
     /// listed: the first snapshot waits for this one, not for Secrets and Services.
     pub wire_synced: SyncGate,
+    /// Opens when the lists the wire form does not read (Secrets, Services) may start,
+    /// after `wire_synced`: the application opens it once the first snapshot is out, so
+    /// that they do not slow it, or after a bound (`lib.rs`).
+    pub later: Latch,
 }
 
 impl Store {

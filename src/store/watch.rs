@@ -214,10 +214,11 @@ where
     }
     async move {
         if !wire {
-            // Secrets and Services list once the wire form's watches have: on a busy
-            // API server they would slow the lists the first snapshot waits for, and
-            // nothing but the reconcilers waits for them.
+            // Secrets and Services list once the wire form's watches have, and the
+            // first snapshot is out (`Store::later`): on a busy API server they would
+            // slow both, and nothing but the reconcilers waits for them.
             store.wire_synced.wait().await;
+            store.later.wait().await;
         }
         let api: Api<K> = match &source.scope {
             Some(ns) => Api::namespaced(source.client.clone(), ns),
