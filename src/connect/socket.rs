@@ -109,10 +109,15 @@ pub(crate) fn proxy_for(config: &Config) -> Option<&Proxy> {
 /// TCP to the control plane: directly, or tunnelled through the proxy that applies.
 pub(crate) async fn tcp(config: &Config) -> Result<TcpStream, DialError> {
     let target = config.base_url.authority();
-    match proxy_for(config) {
+    let stream = match proxy_for(config) {
         None => connect_direct(target).await,
         Some(proxy) => connect_through(proxy, &target).await,
-    }
+    }?;
+    // No Nagle: every write is a whole frame (a keystroke's echo, a heartbeat, a 64 KiB
+    // fragment of a snapshot), and holding its last partial segment until the previous
+    // one is acknowledged added the peer's delayed acknowledgement to each.
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
 }
 
 /// TCP to `target` (`host:port`), no proxy.
