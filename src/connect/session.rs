@@ -1064,21 +1064,43 @@ mod tests {
         stopped(cp, stop, task).await;
     }
 
+    /// Runs a session on `ws` with the default seams: its stop switch and its task.
+    fn spawn_session<S: Transport + 'static>(
+        ctx: Arc<Context>,
+        ws: WebSocketStream<S>,
+    ) -> (watch::Sender<bool>, tokio::task::JoinHandle<End>) {
+        let (stop, mut stopping) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let seams = Seams {
+                answer: answer_control,
+                runner: crate::connect::shell::exec_runner,
+            };
+            run_with(&ctx, ws, Frame::Resync, &mut stopping, |_| {}, seams).await
+        });
+        (stop, task)
+    }
+
+    /// A context whose store holds `n` Agents, their runtime given `args`.
+    fn context_with_agents(n: usize, args: serde_json::Value) -> Arc<Context> {
+        let ctx = crate::connect::test_context();
+        for i in 0..n {
+            let agent: crate::crd::Agent = serde_json::from_value(serde_json::json!({
+                "apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
+                "metadata": {"name": format!("agent-{i:04}"), "namespace": "team", "uid": format!("u-{i}")},
+                "spec": {"runtime": {"image": "registry.example/agent:1.2.3", "args": args}},
+            }))
+            .unwrap();
+            ctx.store.agents.insert(agent);
+        }
+        ctx
+    }
+
     /// A snapshot larger than a piece leaves as fragments of one message: a peer that
     /// takes no frame over 70 KiB still gets the whole snapshot (200 KB here), equal to
     /// the text written at once.
     #[tokio::test(start_paused = true)]
     async fn a_large_snapshot_leaves_in_fragments_of_one_message() {
-        let ctx = crate::connect::test_context();
-        for i in 0..300 {
-            let agent: crate::crd::Agent = serde_json::from_value(serde_json::json!({
-                "apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
-                "metadata": {"name": format!("agent-{i:04}"), "namespace": "team", "uid": format!("u-{i}")},
-                "spec": {"runtime": {"image": "registry.example/agent:1.2.3", "args": ["é".repeat(100)]}},
-            }))
-            .unwrap();
-            ctx.store.agents.insert(agent);
-        }
+        let ctx = context_with_agents(300, serde_json::json!(["é".repeat(100)]));
         let whole = wire::snapshot_text_of(1, wire::all(&ctx).into_iter());
         assert!(whole.len() > 2 * PIECE, "{} bytes", whole.len());
         let (ours, theirs) = tokio::io::duplex(1 << 20);
@@ -1088,14 +1110,7 @@ mod tests {
             .max_frame_size(Some(PIECE + 6 * 1024));
         let mut cp =
             WebSocketStream::from_raw_socket(theirs, Role::Server, Some(small_frames)).await;
-        let (stop, mut stopping) = watch::channel(false);
-        let task = tokio::spawn(async move {
-            let seams = Seams {
-                answer: answer_control,
-                runner: crate::connect::shell::exec_runner,
-            };
-            run_with(&ctx, ws, Frame::Resync, &mut stopping, |_| {}, seams).await
-        });
+        let (stop, task) = spawn_session(ctx, ws);
         next_frame(&mut cp).await;
         cp.send(Message::text(r#"{"type":"welcome","deployment_id":"d"}"#))
             .await
@@ -1176,16 +1191,7 @@ mod tests {
     /// the whole message; and heartbeats the peer sent meanwhile count once read.
     #[tokio::test(start_paused = true)]
     async fn a_slow_link_is_not_a_dead_peer_while_bytes_flow() {
-        let ctx = crate::connect::test_context();
-        for i in 0..300 {
-            let agent: crate::crd::Agent = serde_json::from_value(serde_json::json!({
-                "apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
-                "metadata": {"name": format!("agent-{i:04}"), "namespace": "team", "uid": format!("u-{i}")},
-                "spec": {"runtime": {"image": "registry.example/agent:1.2.3"}},
-            }))
-            .unwrap();
-            ctx.store.agents.insert(agent);
-        }
+        let ctx = context_with_agents(300, serde_json::json!([]));
         let (ours, theirs) = tokio::io::duplex(1024);
         let ours = crate::connect::progress::Progress::new(ours);
         let ws = WebSocketStream::from_raw_socket(ours, Role::Client, None).await;
@@ -1194,14 +1200,7 @@ mod tests {
             pause: Box::pin(tokio::time::sleep(Duration::ZERO)),
         };
         let cp = WebSocketStream::from_raw_socket(slow, Role::Server, None).await;
-        let (stop, mut stopping) = watch::channel(false);
-        let task = tokio::spawn(async move {
-            let seams = Seams {
-                answer: answer_control,
-                runner: crate::connect::shell::exec_runner,
-            };
-            run_with(&ctx, ws, Frame::Resync, &mut stopping, |_| {}, seams).await
-        });
+        let (stop, task) = spawn_session(ctx, ws);
         let (mut tx, mut rx) = cp.split();
         // The peer keeps its own heartbeats going all along (§4.5: both sides send them).
         let beats = tokio::spawn(async move {
