@@ -441,8 +441,8 @@ async fn runtime(ns: &TestNamespace, name: &str) {
 /// 120 Secrets of 1 MiB each, labelled as the manager's own
 /// (`app.kubernetes.io/managed-by=autonomic`, which any namespace user can set), in a
 /// watched namespace: first created while a manager runs (its watch gets them one by
-/// one), then listed by a manager started afterwards (the initial list: one request,
-/// read one object at a time). Both
+/// one), then listed by a manager started afterwards (the initial list, paged, read
+/// one object at a time). Both
 /// stay up and connected. Two figures each: what stays (`VmRSS` over a manager's on an
 /// empty namespace: what the Secret cache keeps, whole Secrets or less) and the
 /// transient above it (`VmHWM` less `VmRSS`: pages and events on their way into the
