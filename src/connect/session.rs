@@ -119,14 +119,13 @@ impl<S: Transport> Conn<'_, S> {
     }
 
     async fn send(&mut self, frame: &Frame) -> Result<(), End> {
-        let text = Bytes::from(frame::encode(frame));
+        let text = frame::encode(frame);
         if text.len() <= PIECE {
-            // One frame; `Bytes` from a `String` is its UTF-8.
-            return self
-                .send_message(Message::Text(text.try_into().expect("UTF-8")))
-                .await;
+            return self.send_message(Message::text(text)).await;
         }
-        self.send_pieces(split_text(text, PIECE)).await.map(drop)
+        self.send_pieces(split_text(Bytes::from(text), PIECE))
+            .await
+            .map(drop)
     }
 
     /// Sends one text message as fragments, each piece one, in order: the first a text
