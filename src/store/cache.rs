@@ -149,13 +149,7 @@ impl SyncGate {
     }
     /// Completes once every watch stream has finished its first list.
     pub async fn wait(&self) {
-        loop {
-            let changed = self.changed.notified();
-            if self.is_synced() {
-                return;
-            }
-            changed.await;
-        }
+        wait_until(&self.changed, || self.is_synced()).await;
     }
 }
 
@@ -175,13 +169,19 @@ impl Latch {
         self.open.load(Ordering::SeqCst)
     }
     pub async fn wait(&self) {
-        loop {
-            let opened = self.opened.notified();
-            if self.is_open() {
-                return;
-            }
-            opened.await;
+        wait_until(&self.opened, || self.is_open()).await;
+    }
+}
+
+/// Completes once `ready` holds, checked again at each `notify_waiters` of `changed`
+/// (registered before each check, so a change between the check and the wait is seen).
+async fn wait_until(changed: &tokio::sync::Notify, ready: impl Fn() -> bool) {
+    loop {
+        let notified = changed.notified();
+        if ready() {
+            return;
         }
+        notified.await;
     }
 }
 
