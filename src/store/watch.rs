@@ -181,6 +181,37 @@ struct Source {
     selector: Option<String>,
 }
 
+/// How a watch ended: the server's timeout or silence (resume from the last version
+/// seen), 410 Gone (list again), or a failure (resume after the backoff's wait).
+enum End {
+    Resume,
+    Relist,
+    Failed,
+}
+
+/// The end a watch request's or stream's error makes, logged.
+fn ended_by(err: &kube::Error) -> End {
+    match err {
+        kube::Error::Api(status) => expired_or_failed(status),
+        _ => {
+            tracing::warn!(error = %err, "watch failed, retrying");
+            End::Failed
+        }
+    }
+}
+
+/// The end a status from the API server makes (an error response, or an `ERROR` event),
+/// logged: 410 Gone relists, anything else is a failure.
+fn expired_or_failed(s: &kube::core::Status) -> End {
+    if s.code == 410 {
+        tracing::warn!(reason = %s.reason, message = %s.message, "watch expired (410 Gone): relisting");
+        End::Relist
+    } else {
+        tracing::warn!(code = s.code, reason = %s.reason, message = %s.message, "watch failed, retrying");
+        End::Failed
+    }
+}
+
 /// Feeds one cache from one source for good: lists (the first time from the API
 /// server's watch cache, whole; after 410 Gone from etcd, in pages), then watches from
 /// the list's version, resuming after each end, stall or failure (with backoff) and
@@ -281,67 +312,50 @@ where
                 label_selector: source.selector.clone(),
                 ..WatchParams::default().timeout(WATCH_TIMEOUT_S)
             };
-            let mut stream = match api.watch(&params, &from).await {
-                Ok(stream) => stream.boxed(),
-                Err(kube::Error::Api(s)) if s.code == 410 => {
-                    tracing::warn!(reason = %s.reason, "watch expired (410 Gone): relisting");
-                    continue;
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "watch failed, retrying");
-                    version = Some(from);
-                    tokio::time::sleep(retry.next_delay_with(system_random)).await;
-                    continue;
-                }
-            };
             let c = cache(&store);
             let mut at = from;
-            let relist = loop {
-                let event = match tokio::time::timeout(WATCH_IDLE, stream.next()).await {
-                    // Idle past the server's own timeout, or ended: resume.
-                    Err(_) | Ok(None) => break false,
-                    Ok(Some(Ok(event))) => event,
-                    // One event that does not decode: skipped, as a list skips such an
-                    // object (resuming before it would meet it again).
-                    Ok(Some(Err(kube::Error::SerdeError(err)))) => {
-                        tracing::warn!(error = %err, "a watch event does not decode: skipped");
-                        continue;
-                    }
-                    Ok(Some(Err(kube::Error::Api(s)))) if s.code == 410 => {
-                        tracing::warn!(reason = %s.reason, "watch expired (410 Gone): relisting");
-                        break true;
-                    }
-                    Ok(Some(Err(err))) => {
-                        tracing::warn!(error = %err, "watch failed, retrying");
-                        tokio::time::sleep(retry.next_delay_with(system_random)).await;
-                        break false;
-                    }
-                };
-                match event {
-                    WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
-                        at = obj.resource_version().unwrap_or(at);
-                        on_change(&c.insert(obj), false);
-                    }
-                    WatchEvent::Deleted(obj) => {
-                        at = obj.resource_version().unwrap_or(at);
-                        let gone = c.remove(&slot_of(&obj)).unwrap_or_else(|| Arc::new(obj));
-                        on_change(&gone, true);
-                    }
-                    WatchEvent::Bookmark(b) => at = b.metadata.resource_version,
-                    WatchEvent::Error(e) if e.code == 410 => {
-                        tracing::warn!(reason = %e.reason, message = %e.message, "watch expired (410 Gone): relisting");
-                        break true;
-                    }
-                    WatchEvent::Error(e) => {
-                        tracing::warn!(code = e.code, reason = %e.reason, message = %e.message, "watch failed, retrying");
-                        tokio::time::sleep(retry.next_delay_with(system_random)).await;
-                        break false;
+            let end = match api.watch(&params, &at).await {
+                Err(err) => ended_by(&err),
+                Ok(stream) => {
+                    let mut stream = stream.boxed();
+                    loop {
+                        let event = match tokio::time::timeout(WATCH_IDLE, stream.next()).await {
+                            // Idle past the server's own timeout, or ended: resume.
+                            Err(_) | Ok(None) => break End::Resume,
+                            Ok(Some(Ok(event))) => event,
+                            // One event that does not decode: skipped, as a list skips
+                            // such an object (resuming before it would meet it again).
+                            Ok(Some(Err(kube::Error::SerdeError(err)))) => {
+                                tracing::warn!(error = %err, "a watch event does not decode: skipped");
+                                continue;
+                            }
+                            Ok(Some(Err(err))) => break ended_by(&err),
+                        };
+                        match event {
+                            WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
+                                at = obj.resource_version().unwrap_or(at);
+                                on_change(&c.insert(obj), false);
+                            }
+                            WatchEvent::Deleted(obj) => {
+                                at = obj.resource_version().unwrap_or(at);
+                                let gone =
+                                    c.remove(&slot_of(&obj)).unwrap_or_else(|| Arc::new(obj));
+                                on_change(&gone, true);
+                            }
+                            WatchEvent::Bookmark(b) => at = b.metadata.resource_version,
+                            WatchEvent::Error(e) => break expired_or_failed(&e),
+                        }
+                        retry.reset();
                     }
                 }
-                retry.reset();
             };
-            if !relist {
-                version = Some(at);
+            match end {
+                End::Relist => {}
+                End::Resume => version = Some(at),
+                End::Failed => {
+                    version = Some(at);
+                    tokio::time::sleep(retry.next_delay_with(system_random)).await;
+                }
             }
         }
     }
