@@ -992,6 +992,26 @@ async fn empty(client: &kube::Client, ns: &str) {
     }
 }
 
+/// Creates `objs` at once and waits (30 min at most) for `reached`, a count already
+/// watching: the time from the first create until the count reached its target.
+async fn created_until<K>(
+    api: &Api<K>,
+    objs: Vec<K>,
+    reached: tokio::task::JoinHandle<Instant>,
+    what: &str,
+) -> Duration
+where
+    K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let t0 = Instant::now();
+    create_all(api, objs).await;
+    tokio::time::timeout(Duration::from_secs(1800), reached)
+        .await
+        .unwrap_or_else(|_| panic!("{what} within 30 min"))
+        .unwrap()
+        - t0
+}
+
 /// Item 14: a burst of Agents created at once until all are `Active`, against the same
 /// number of bare pods shaped like theirs (config Secret volume included) until all are
 /// `Running`, on the bed's node, in the same run. The bare pods go first, then the
@@ -1053,30 +1073,15 @@ async fn burst() -> Value {
         })
         .collect();
     let running = count_where(pods.clone(), BURST, pod_running);
-    let t0 = Instant::now();
-    create_all(&pods, bare).await;
-    let direct = tokio::time::timeout(Duration::from_secs(1800), running)
-        .await
-        .expect("bare pods Running within 30 min")
-        .unwrap()
-        - t0;
+    let direct = created_until(&pods, bare, running, "bare pods Running").await;
     eprintln!("burst: {BURST} bare pods Running in {direct:?}");
     empty(&client, &ns.name).await;
 
     let active = count_where(agents.clone(), BURST, agent_active);
-    let t0 = Instant::now();
-    create_all(
-        &agents,
-        (0..BURST)
-            .map(|i| agent_object(&format!("a-{i}")))
-            .collect(),
-    )
-    .await;
-    let managed = tokio::time::timeout(Duration::from_secs(1800), active)
-        .await
-        .expect("Agents Active within 30 min")
-        .unwrap()
-        - t0;
+    let objs = (0..BURST)
+        .map(|i| agent_object(&format!("a-{i}")))
+        .collect();
+    let managed = created_until(&agents, objs, active, "Agents Active").await;
     eprintln!("burst: {BURST} Agents Active in {managed:?}");
     empty(&client, &ns.name).await;
     drop(m);
