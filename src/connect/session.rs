@@ -196,7 +196,15 @@ impl<S: Transport> Conn<'_, S> {
         metrics
             .snapshot_duration
             .observe_duration(started.elapsed());
-        self.link().snapshots_sent.fetch_add(1, Relaxed);
+        let sent = self.link().snapshots_sent.fetch_add(1, Relaxed);
+        if sent == 0 {
+            tracing::info!(
+                seq = self.seq,
+                bytes,
+                ms = started.elapsed().as_millis() as u64,
+                "first snapshot sent"
+            );
+        }
         // The first snapshot is out: the lists it did not need may start.
         self.ctx.store.later.open();
         Ok(())

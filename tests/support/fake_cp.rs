@@ -202,8 +202,8 @@ impl Inner {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn record(&self, conn: usize, kind: ReceivedKind) {
-        self.state().record(conn, kind);
+    fn record(&self, conn: usize, at: Instant, kind: ReceivedKind) {
+        self.state().record(conn, at, kind);
     }
 
     fn mark_closed(&self, conn: usize) {
@@ -214,18 +214,14 @@ impl Inner {
     /// sees the frame while the connection still looks open.
     fn record_close(&self, conn: usize, frame: Option<(u16, String)>) {
         let mut s = self.state();
-        s.record(conn, ReceivedKind::Close(frame));
+        s.record(conn, Instant::now(), ReceivedKind::Close(frame));
         s.mark_closed(conn);
     }
 }
 
 impl State {
-    fn record(&mut self, conn: usize, kind: ReceivedKind) {
-        self.frames.push(Received {
-            conn,
-            at: Instant::now(),
-            kind,
-        });
+    fn record(&mut self, conn: usize, at: Instant, kind: ReceivedKind) {
+        self.frames.push(Received { conn, at, kind });
     }
 
     fn mark_closed(&mut self, conn: usize) {
@@ -984,12 +980,15 @@ impl Drop for ConnGuard {
 
 /// Records a received message; returns the frame the protocol answers it with, if any.
 fn record_message(inner: &Inner, id: usize, msg: Message) -> Option<Value> {
+    // When the whole message is in, before it is parsed: a large snapshot's parse is the
+    // fake's time, not the manager's.
+    let at = Instant::now();
     match msg {
         Message::Text(text) => {
             let value = serde_json::from_str::<Value>(text.as_str())
                 .unwrap_or_else(|_| Value::String(text.as_str().to_owned()));
             let kind = value.get("type").and_then(Value::as_str).map(str::to_owned);
-            inner.record(id, ReceivedKind::Text(value));
+            inner.record(id, at, ReceivedKind::Text(value));
             let s = inner.state();
             match kind.as_deref() {
                 Some("hello") => Some(json!({
@@ -1015,7 +1014,7 @@ fn record_message(inner: &Inner, id: usize, msg: Message) -> Option<Value> {
                 s.binary_keep
             };
             let kept = &bytes[..bytes.len().min(keep.saturating_add(5))];
-            inner.record(id, ReceivedKind::Binary(kept.to_vec()));
+            inner.record(id, at, ReceivedKind::Binary(kept.to_vec()));
             None
         }
         Message::Close(frame) => {
