@@ -4,6 +4,8 @@
 #   ${AUTONOMIC_TESTBED_CACHE:-$HOME/.cache/autonomic-testbed}/k8s-v1.20.2/bin/
 # Skips everything when all five binaries are already there at their current patch
 # level (K8S_PATCH_LEVEL in lib.sh); otherwise builds only the missing/stale ones.
+#   build-k8s.sh [kubemark]   kubemark too: hollow nodes for the benchmark's burst
+#                             (cluster.sh hollow); the test suite does not need it
 #
 # Why each unusual step is needed is recorded in shared/testbed-facts.md:
 #  - GOPATH mode (module mode with -mod=vendor fails on the Debian tree),
@@ -21,7 +23,11 @@ source "${HERE}/lib.sh"
 # Debian's source version of kubernetes in bookworm (a 1.20.2 tree despite the name).
 DEB_SRC_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
 
-if k8s_binaries_present; then
+EXTRA=("$@")
+for b in "${EXTRA[@]+"${EXTRA[@]}"}"; do
+    [[ "$b" == kubemark ]] || die "build-k8s.sh: unknown extra binary '$b' (only kubemark)"
+done
+if k8s_binaries_present "${EXTRA[@]+"${EXTRA[@]}"}"; then
     log "k8s ${K8S_VERSION} binaries already built in ${K8S_BIN_DIR}"
     exit 0
 fi
@@ -32,7 +38,7 @@ if ! flock -n 9; then
     log "waiting for another build-k8s.sh (${K8S_CACHE_DIR}/.build.lock)"
     flock 9
 fi
-if k8s_binaries_present; then
+if k8s_binaries_present "${EXTRA[@]+"${EXTRA[@]}"}"; then
     log "k8s ${K8S_VERSION} binaries already built in ${K8S_BIN_DIR}"
     exit 0
 fi
@@ -150,7 +156,7 @@ done
 
 mkdir -p "${K8S_BIN_DIR}"
 # Largest first: kube-apiserver warms most of the cache for the others.
-for b in kube-apiserver kube-controller-manager kubelet kube-scheduler kube-proxy; do
+for b in kube-apiserver kube-controller-manager kubelet kube-scheduler kube-proxy "${EXTRA[@]+"${EXTRA[@]}"}"; do
     k8s_binary_current "$b" && continue
     T="$(now_s)"
     if [[ -x "${K8S_BIN_DIR}/${b}" ]]; then

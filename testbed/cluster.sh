@@ -14,6 +14,10 @@
 #                                      pair); returns when it answers /readyz
 #   cluster.sh restart-apiserver       stop-apiserver, then start-apiserver
 #   cluster.sh compact                 compact etcd at its current revision; prints it
+#   cluster.sh hollow N                full mode: add N hollow nodes (kubemark's kubelet
+#                                      on a fake container runtime, 110 pods each);
+#                                      returns when all are Ready
+#   cluster.sh unhollow                stop the hollow nodes and delete their Nodes
 # The four above are for a test's own apiserver-only bed (faults: restarts, 410 Gone):
 # never point them at a shared bed other tests use.
 #
@@ -772,7 +776,12 @@ stop_all() {
         pid="$(recorded_pid "$name" || true)"
         [[ -n "$pid" ]] && pids+=("$pid")
     done
+    for name in $(hollow_pids); do
+        pid="$(recorded_pid "$name" || true)"
+        [[ -n "$pid" ]] && pids+=("$pid")
+    done
     kill_wait 5 "${pids[@]+"${pids[@]}"}"
+    hollow_remove_dirs
     stop_containers
     local extra
     for extra in "${PIDS}"/kube-apiserver-*.pid; do
@@ -954,6 +963,69 @@ cmd_compact() {
     printf '%s\n' "$rev"
 }
 
+# ================================================================= hollow nodes
+# kubemark's hollow kubelet: the real kubelet's code (pod workers, status manager,
+# volume manager, the same 1 s status patch) over a fake CRI runtime, so a pod reaches
+# Running without a process. Upstream's own scale tests run nodes like these; here the
+# benchmark's burst of 1 000 Agents does, which the one real node (110 pods, about one
+# start a second) cannot hold. Each reports 1 core and 3.75 GiB.
+
+hollow_pids() { ls "${PIDS}"/hollow-*.pid 2>/dev/null | sed 's|.*/\(hollow-[0-9]*\)\.pid$|\1|'; }
+
+hollow_ready() {
+    local n="$1"
+    api_get "/api/v1/nodes?labelSelector=autonomic.test/hollow%3Dtrue" | python3 -c '
+import json, sys
+items = json.load(sys.stdin)["items"]
+ready = [n for n in items
+         if {c["type"]: c["status"] for c in n["status"].get("conditions", [])}.get("Ready") == "True"
+         and not n["spec"].get("taints")]
+sys.exit(0 if len(ready) >= int(sys.argv[1]) else 1)' "$n"
+}
+
+# Each hollow kubelet made a root dir for its pods' volumes in /tmp (fixed there, no
+# mounts: its mounter is a fake), named in its log. Called once they are stopped.
+hollow_remove_dirs() {
+    sed -n 's/.*Using \(\/tmp\/hollow-kubelet\.[0-9]*\) as root dir.*/\1/p' \
+        "${LOGS}"/hollow-*.log 2>/dev/null | xargs -r rm -rf
+    rm -f "${LOGS}"/hollow-*.log
+}
+
+cmd_hollow() {
+    local n="${1:-}" i t0 bin
+    [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "usage: cluster.sh hollow N"
+    [[ "$(bed_mode)" == full ]] || die "hollow nodes need a full bed (a scheduler and a controller manager)"
+    [[ -z "$(hollow_pids)" ]] || die "hollow nodes are running already (cluster.sh unhollow first)"
+    "${HERE}/build-k8s.sh" kubemark
+    bin="${K8S_BIN_DIR}/kubemark"
+    t0="$(now_s)"
+    for ((i = 0; i < n; i++)); do
+        start_proc "hollow-${i}" "$bin" --morph=kubelet \
+            --name="hollow-${i}" --kubeconfig="${STATE}/kubeconfig" \
+            --kubelet-port=$((KUBELET_PORT + 100 + i)) --kubelet-read-only-port=0 \
+            --node-labels=autonomic.test/hollow=true
+    done
+    wait_for "hollow-0" "$TIMEOUT" hollow_ready "$n"
+    log "${n} hollow nodes Ready after $(elapsed "$t0") s"
+}
+
+cmd_unhollow() {
+    local name pid pids=()
+    bed_mode >/dev/null
+    for name in $(hollow_pids); do
+        pid="$(recorded_pid "$name" || true)"
+        [[ -n "$pid" ]] && pids+=("$pid")
+        rm -f "${PIDS}/${name}.pid"
+    done
+    kill_wait 10 "${pids[@]+"${pids[@]}"}"
+    hollow_remove_dirs
+    # Their pods go with their Nodes (the pod GC controller deletes the orphans).
+    curl -fsS --max-time 30 -X DELETE --cacert "${PKI}/ca.crt" --cert "${PKI}/admin.crt" \
+        --key "${PKI}/admin.key" "${API_URL}/api/v1/nodes?labelSelector=autonomic.test/hollow%3Dtrue" \
+        >/dev/null || log "could not delete the hollow Nodes"
+    log "hollow nodes stopped (${#pids[@]})"
+}
+
 # ======================================================================= misc
 
 cmd_status() {
@@ -994,6 +1066,8 @@ main() {
             cmd_start_apiserver
             ;;
         compact) cmd_compact ;;
+        hollow) cmd_hollow "$@" ;;
+        unhollow) cmd_unhollow ;;
         -h | --help | help) usage ;;
         *) usage ;;
     esac

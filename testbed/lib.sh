@@ -104,8 +104,8 @@ EOF
 # binary's level whenever build-k8s.sh changes a patch that affects it: its cached
 # build (stamp file ${K8S_BIN_DIR}/.<binary>.patch-level, missing = 0) is then
 # stale and only that binary is rebuilt.
-#   kubelet 1: status manager syncPeriod 10 s -> 1 s
-declare -gA K8S_PATCH_LEVEL=([kubelet]=1)
+#   kubelet 1: status manager syncPeriod 10 s -> 1 s (kubemark's hollow kubelet too)
+declare -gA K8S_PATCH_LEVEL=([kubelet]=1 [kubemark]=1)
 
 # Whether binary $1 is built and carries the current patch level.
 k8s_binary_current() {
@@ -115,9 +115,10 @@ k8s_binary_current() {
     [[ "${have:-0}" == "${K8S_PATCH_LEVEL[$b]:-0}" ]]
 }
 
+# Whether the five binaries, and any named as arguments (kubemark), are current.
 k8s_binaries_present() {
     local b
-    for b in "${K8S_BINARIES[@]}"; do
+    for b in "${K8S_BINARIES[@]}" "$@"; do
         k8s_binary_current "$b" || return 1
     done
 }

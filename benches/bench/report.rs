@@ -436,11 +436,25 @@ pub fn render(md: &str, files: &[String], before: &[String]) {
                 mb(f(&fp["rss_steady_bytes"])),
                 met(peak <= 64.0 * 1048576.0)
             );
+            // Each run's time (several fresh managers, one after the other), the goal held
+            // against the slowest.
+            let runs: Vec<f64> = fp["runs"].as_array().map_or_else(
+                || vec![start],
+                |r| {
+                    r.iter()
+                        .map(|r| f(&r["snapshot_after_start_ms"]) / 1000.0)
+                        .collect()
+                },
+            );
+            let worst = runs.iter().copied().fold(start, f64::max);
+            let each: Vec<String> = runs.iter().map(|t| format!("{t:.2}")).collect();
             let _ = writeln!(
                 s,
-                "| 12 | A fresh manager with 10 000 Agents: start → first snapshot at the control plane | {start:.1} s (hello → snapshot {:.1} s) | | | ≤ 3 s | {} |",
+                "| 12 | A fresh manager with 10 000 Agents: start → first snapshot at the control plane (the API server settled first) | {start:.2} s median of {} runs ({} s; hello → snapshot {:.2} s) | | | ≤ 3 s (the slowest run) | {} |",
+                runs.len(),
+                each.join(", "),
                 f(&fp["snapshot_after_hello_ms"]) / 1000.0,
-                met(start <= 3.0)
+                met(worst <= 3.0)
             );
         }
         None => {
@@ -463,22 +477,35 @@ pub fn render(md: &str, files: &[String], before: &[String]) {
             met(own <= 4.0)
         );
     }
-    let b = get("burst");
-    if b.is_object() {
-        let ratio = f(&b["ratio"]);
-        let _ = writeln!(
-            s,
-            "| 14 | A burst of {n} Agents created at once → all `Active` (on the bed's node, which runs at most 110 pods: the issue's 1 000 scaled down) | {:.1} s | {n} bare pods of the same shape → all `Running`: {:.1} s | {ratio:.2} | ≤ 1.5× | {} |",
-            f(&b["manager_s"]),
-            f(&b["direct_s"]),
-            met(ratio <= 1.5),
-            n = b["agents"],
-        );
-    } else {
-        let _ = writeln!(
-            s,
-            "| 14 | A burst of Agents → `Active` against bare pods → `Running` | not run: no test bed with a node | | | ≤ 1.5× | |"
-        );
+    for (key, row, bed) in [
+        (
+            "burst",
+            "14",
+            "on the bed's real node, real containers; it runs at most 110 pods",
+        ),
+        (
+            "burst_hollow",
+            "14b",
+            "on 12 hollow nodes: kubemark's kubelet, a fake container runtime, the real node cordoned",
+        ),
+    ] {
+        let b = get(key);
+        if b.is_object() {
+            let ratio = f(&b["ratio"]);
+            let _ = writeln!(
+                s,
+                "| {row} | A burst of {n} Agents created at once → all `Active` ({bed}) | {:.1} s | {n} bare pods of the same shape → all `Running`: {:.1} s | {ratio:.2} | ≤ 1.5× | {} |",
+                f(&b["manager_s"]),
+                f(&b["direct_s"]),
+                met(ratio <= 1.5),
+                n = b["agents"],
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "| {row} | A burst of Agents → `Active` against bare pods → `Running` ({bed}) | not run: no such bed | | | ≤ 1.5× | |"
+            );
+        }
     }
 
     // --- memory by object count
