@@ -3,7 +3,9 @@
 
 use kube::ResourceExt;
 use serde::Serialize;
-use serde_json::{Map, Value, json};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
 
 use super::Context;
 use crate::crd::PhaseStatus;
@@ -11,140 +13,360 @@ use crate::crd::{Agent, Kind, Memory, Runtime, Tool};
 use crate::reconcile::{common, tool};
 use crate::store::PodView;
 
-/// `someField` → `some_field`, only for keys that are plain camelCase identifiers, so
-/// data keys such as `hugepages-2Mi` or `nvidia.com/gpu` pass unchanged.
-fn snake_key(key: &str) -> String {
-    let identifier = key.starts_with(|c: char| c.is_ascii_lowercase())
-        && key.chars().all(|c| c.is_ascii_alphanumeric());
+/// Writes `key` with `someField` → `some_field`, only for keys that are plain camelCase
+/// identifiers, so data keys such as `hugepages-2Mi` or `nvidia.com/gpu` pass unchanged.
+fn write_snake_key<W: ?Sized + std::io::Write>(w: &mut W, key: &[u8]) -> std::io::Result<()> {
+    let identifier = key.first().is_some_and(u8::is_ascii_lowercase)
+        && key.iter().all(u8::is_ascii_alphanumeric);
     if !identifier {
-        return key.to_owned();
+        return w.write_all(key);
     }
-    let mut out = String::with_capacity(key.len() + 4);
-    for c in key.chars() {
-        if c.is_ascii_uppercase() {
-            out.push('_');
-            out.push(c.to_ascii_lowercase());
-        } else {
-            out.push(c);
+    let mut rest = key;
+    while let Some(i) = rest.iter().position(u8::is_ascii_uppercase) {
+        w.write_all(&rest[..i])?;
+        w.write_all(&[b'_', rest[i].to_ascii_lowercase()])?;
+        rest = &rest[i + 1..];
+    }
+    w.write_all(rest)
+}
+
+/// Frames are snake_case (§3): the object's spec and status are written re-keyed, every
+/// object key through [`write_snake_key`], at any depth. A formatter for serde_json's
+/// writer, so no JSON tree is built: it holds a key until it is whole, then writes it
+/// re-keyed. The keys of every type written here are strings.
+#[derive(Default)]
+struct Snake {
+    in_key: bool,
+    /// The key being written (its escaped text), and whether it had an escape.
+    key: Vec<u8>,
+    escaped: bool,
+}
+
+impl serde_json::ser::Formatter for Snake {
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if !first {
+            w.write_all(b",")?;
         }
+        self.in_key = true;
+        self.escaped = false;
+        self.key.clear();
+        Ok(())
     }
-    out
+
+    fn end_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.in_key = false;
+        w.write_all(b"\"")?;
+        // An escaped key is no plain identifier: it passes unchanged.
+        if self.escaped {
+            w.write_all(&self.key)?;
+        } else {
+            write_snake_key(w, &self.key)?;
+        }
+        w.write_all(b"\"")
+    }
+
+    fn begin_string<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        if self.in_key {
+            return Ok(());
+        }
+        w.write_all(b"\"")
+    }
+
+    fn end_string<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        if self.in_key {
+            return Ok(());
+        }
+        w.write_all(b"\"")
+    }
+
+    fn write_string_fragment<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        fragment: &str,
+    ) -> std::io::Result<()> {
+        if self.in_key {
+            self.key.extend_from_slice(fragment.as_bytes());
+            return Ok(());
+        }
+        w.write_all(fragment.as_bytes())
+    }
+
+    fn write_char_escape<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        escape: serde_json::ser::CharEscape,
+    ) -> std::io::Result<()> {
+        use serde_json::ser::CompactFormatter;
+        if self.in_key {
+            self.escaped = true;
+            return CompactFormatter.write_char_escape(&mut self.key, escape);
+        }
+        CompactFormatter.write_char_escape(w, escape)
+    }
 }
 
-/// Frames are snake_case (§3); the object's spec and status are re-keyed to match.
-pub fn snake_case(value: Value) -> Value {
-    match value {
-        Value::Object(map) => Value::Object(
-            map.into_iter()
-                .map(|(k, v)| (snake_key(&k), snake_case(v)))
-                .collect::<Map<_, _>>(),
-        ),
-        Value::Array(items) => Value::Array(items.into_iter().map(snake_case).collect()),
-        other => other,
+/// Appends `value` as JSON with snake_case keys (`null` if it cannot be written: a map
+/// with keys that are not strings, which no type written here has).
+fn write_snake<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
+    let start = out.len();
+    let mut ser = serde_json::Serializer::with_formatter(&mut *out, Snake::default());
+    if value.serialize(&mut ser).is_err() {
+        out.truncate(start);
+        put(out, b"null");
     }
 }
 
-pub(crate) fn pod_wire(pod: &PodView) -> Value {
+/// Appends one pod's wire form: its name, phase, readiness, restarts, node and each
+/// container's state with the reason a waiting or terminated one gives. Keys in sorted
+/// order, here and in [`write_resource`], as the JSON object they were first built as
+/// wrote them.
+fn write_pod(out: &mut Vec<u8>, pod: &PodView) {
     let status = pod.status.as_ref();
-    let containers: Vec<Value> = status
-        .and_then(|s| s.container_statuses.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            let state = c.state.as_ref();
-            let (state_name, reason) = match state {
-                Some(s) if s.running.is_some() => ("running", String::new()),
-                Some(s) if s.terminated.is_some() => (
-                    "terminated",
-                    s.terminated
-                        .as_ref()
-                        .and_then(|t| t.reason.clone())
-                        .unwrap_or_default(),
-                ),
-                Some(s) => (
-                    "waiting",
-                    s.waiting
-                        .as_ref()
-                        .and_then(|w| w.reason.clone())
-                        .unwrap_or_default(),
-                ),
-                None => ("waiting", String::new()),
-            };
-            json!({"name": c.name, "ready": c.ready, "state": state_name, "reason": reason})
-        })
-        .collect();
-    let ready = matches!(common::pod_health(pod), common::Health::Ready);
-    json!({
-        "name": pod.name_any(),
-        "phase": status.and_then(|s| s.phase.clone()).unwrap_or_else(|| "Pending".into()),
-        "ready": ready,
-        "restarts": status
-            .and_then(|s| s.container_statuses.as_ref())
-            .map(|cs| cs.iter().map(|c| i64::from(c.restart_count)).sum::<i64>())
-            .unwrap_or(0),
-        "node": pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default(),
-        "containers": containers,
-    })
+    let containers = status
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default();
+    put(out, b"{\"containers\":[");
+    for (i, c) in containers.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let state = c.state.as_ref();
+        let (state_name, reason) = match state {
+            Some(s) if s.running.is_some() => ("running", None),
+            Some(s) if s.terminated.is_some() => (
+                "terminated",
+                s.terminated.as_ref().and_then(|t| t.reason.as_deref()),
+            ),
+            Some(s) => (
+                "waiting",
+                s.waiting.as_ref().and_then(|w| w.reason.as_deref()),
+            ),
+            None => ("waiting", None),
+        };
+        put(out, b"{\"name\":");
+        write_str(out, &c.name);
+        put(out, b",\"ready\":");
+        put_bool(out, c.ready);
+        put(out, b",\"reason\":");
+        write_str(out, reason.unwrap_or_default());
+        put(out, b",\"state\":");
+        write_str(out, state_name);
+        out.push(b'}');
+    }
+    put(out, b"],\"name\":");
+    write_str(out, pod.metadata.name.as_deref().unwrap_or_default());
+    put(out, b",\"node\":");
+    write_str(
+        out,
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .unwrap_or_default(),
+    );
+    put(out, b",\"phase\":");
+    write_str(
+        out,
+        status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending"),
+    );
+    put(out, b",\"ready\":");
+    put_bool(
+        out,
+        matches!(common::pod_health(pod), common::Health::Ready),
+    );
+    put(out, b",\"restarts\":");
+    put_i64(
+        out,
+        containers.iter().map(|c| i64::from(c.restart_count)).sum(),
+    );
+    out.push(b'}');
 }
 
-/// The wire form of one custom resource: its metadata, spec and status, the phase and
-/// message the status carries, `ready` when the phase is `ready_phase`, and its pods.
-fn build<K, P, S>(
+/// Appends the wire form of one custom resource: its metadata, spec and status, the
+/// phase and message the status carries, `ready` when the phase is `ready_phase`, its
+/// pod if it has one and, for a Tool, its `demand`.
+#[allow(clippy::too_many_arguments)]
+fn write_resource<K, P, S>(
+    out: &mut Vec<u8>,
     kind: Kind,
     obj: &K,
     spec: &P,
     status: Option<&S>,
     ready_phase: &str,
-    pods: Vec<Value>,
-) -> Value
-where
+    pod: Option<&PodView>,
+    demand: Option<&Value>,
+) where
     K: ResourceExt,
     P: Serialize,
     S: PhaseStatus,
 {
     let meta = obj.meta();
     let phase = status.and_then(PhaseStatus::phase_name).unwrap_or_default();
-    json!({
-        "kind": kind.as_str(),
-        "namespace": meta.namespace.clone().unwrap_or_default(),
-        "name": meta.name.clone().unwrap_or_default(),
-        "uid": meta.uid.clone().unwrap_or_default(),
-        "generation": meta.generation.unwrap_or(0),
-        "resource_version": meta.resource_version.clone().unwrap_or_default(),
-        "created_at": meta.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
-        "labels": meta.labels.clone().unwrap_or_default(),
-        "ready": phase == ready_phase,
-        "phase": phase,
-        "message": status.map(PhaseStatus::message_text).unwrap_or_default(),
-        "spec": snake_case(serde_json::to_value(spec).unwrap_or_default()),
-        "status": snake_case(status.map(|s| serde_json::to_value(s).unwrap_or_default()).unwrap_or(json!({}))),
-        "pods": pods,
-    })
-}
-
-fn owned_pod(ctx: &Context, ns: &str, name: &str, uid: Option<String>) -> Vec<Value> {
-    ctx.store
-        .owned_pod(ns, name, uid.as_deref())
-        .map(|p| vec![pod_wire(&p)])
-        .unwrap_or_default()
-}
-
-pub fn agent(ctx: &Context, a: &Agent) -> Value {
-    let pods = owned_pod(
-        ctx,
-        &a.namespace().unwrap_or_default(),
-        &a.name_any(),
-        a.uid(),
+    fn text(s: &Option<String>) -> &str {
+        s.as_deref().unwrap_or_default()
+    }
+    put(out, b"{\"created_at\":");
+    let created = meta.creation_timestamp.as_ref().map(|t| t.0.to_string());
+    write_str(out, text(&created));
+    if let Some(demand) = demand {
+        put(out, b",\"demand\":");
+        write_json(out, demand);
+    }
+    put(out, b",\"generation\":");
+    put_i64(out, meta.generation.unwrap_or(0));
+    put(out, b",\"kind\":");
+    write_str(out, kind.as_str());
+    put(out, b",\"labels\":{");
+    for (i, (k, v)) in meta.labels.iter().flatten().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_str(out, k);
+        out.push(b':');
+        write_str(out, v);
+    }
+    put(out, b"},\"message\":");
+    write_str(
+        out,
+        status.map(PhaseStatus::message_text).unwrap_or_default(),
     );
-    build(Kind::Agent, a, &a.spec, a.status.as_ref(), "Active", pods)
+    put(out, b",\"name\":");
+    write_str(out, text(&meta.name));
+    put(out, b",\"namespace\":");
+    write_str(out, text(&meta.namespace));
+    put(out, b",\"phase\":");
+    write_str(out, &phase);
+    put(out, b",\"pods\":[");
+    if let Some(pod) = pod {
+        write_pod(out, pod);
+    }
+    put(out, b"],\"ready\":");
+    put_bool(out, phase == ready_phase);
+    put(out, b",\"resource_version\":");
+    write_str(out, text(&meta.resource_version));
+    put(out, b",\"spec\":");
+    write_snake(out, spec);
+    put(out, b",\"status\":");
+    match status {
+        Some(status) => write_snake(out, status),
+        None => put(out, b"{}"),
+    }
+    put(out, b",\"uid\":");
+    write_str(out, text(&meta.uid));
+    out.push(b'}');
 }
 
-pub fn tool(ctx: &Context, t: &Tool) -> Value {
-    let pod = tool::pod_name(&t.name_any());
-    let pods = owned_pod(ctx, &t.namespace().unwrap_or_default(), &pod, t.uid());
-    let mut v = build(Kind::Tool, t, &t.spec, t.status.as_ref(), "Ready", pods);
-    v["demand"] = tool_demand(t);
-    v
+/// A custom resource as cached.
+pub enum Resource {
+    Agent(Arc<Agent>),
+    Tool(Arc<Tool>),
+    Runtime(Arc<Runtime>),
+    Memory(Arc<Memory>),
+}
+
+/// What writes itself as JSON text: a resource's wire form, or a [`Value`].
+pub trait WriteJson {
+    fn write_json(&self, out: &mut Vec<u8>);
+}
+
+impl WriteJson for Value {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        write_json(out, self);
+    }
+}
+
+impl<T: WriteJson + ?Sized> WriteJson for &T {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        (**self).write_json(out);
+    }
+}
+
+/// A resource's wire form as of the caches now (its pod is read when it is written).
+pub struct Wire<'a> {
+    ctx: &'a Context,
+    resource: Resource,
+}
+
+impl WriteJson for Wire<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let store = &self.ctx.store;
+        let owned = |meta: &kube::api::ObjectMeta, pod: &str| {
+            store.owned_pod(
+                meta.namespace.as_deref().unwrap_or_default(),
+                pod,
+                meta.uid.as_deref(),
+            )
+        };
+        match &self.resource {
+            Resource::Agent(a) => {
+                let pod = owned(&a.metadata, &a.name_any());
+                let (spec, status) = (&a.spec, a.status.as_ref());
+                write_resource(
+                    out,
+                    Kind::Agent,
+                    &**a,
+                    spec,
+                    status,
+                    "Active",
+                    pod.as_deref(),
+                    None,
+                );
+            }
+            Resource::Tool(t) => {
+                let pod = owned(&t.metadata, &tool::pod_name(&t.name_any()));
+                let demand = tool_demand(t);
+                let (spec, status) = (&t.spec, t.status.as_ref());
+                write_resource(
+                    out,
+                    Kind::Tool,
+                    &**t,
+                    spec,
+                    status,
+                    "Ready",
+                    pod.as_deref(),
+                    Some(&demand),
+                );
+            }
+            Resource::Runtime(r) => {
+                write_resource(
+                    out,
+                    Kind::Runtime,
+                    &**r,
+                    &r.spec,
+                    r.status.as_ref(),
+                    "Ready",
+                    None,
+                    None,
+                );
+            }
+            Resource::Memory(m) => {
+                write_resource(
+                    out,
+                    Kind::Memory,
+                    &**m,
+                    &m.spec,
+                    m.status.as_ref(),
+                    "Bound",
+                    None,
+                    None,
+                );
+            }
+        }
+    }
+}
+
+impl Wire<'_> {
+    /// The wire form as a JSON tree, for a delta (one resource; a snapshot is written).
+    fn value(&self) -> Option<Value> {
+        let mut out = Vec::new();
+        self.write_json(&mut out);
+        serde_json::from_slice(&out)
+            .inspect_err(|e| tracing::error!(error = %e, "a wire form that is not JSON: left out"))
+            .ok()
+    }
 }
 
 /// Why a Tool's pod runs or not, for the dashboard (from its spec and status):
@@ -185,29 +407,16 @@ fn time_text(t: k8s_openapi::jiff::Timestamp) -> String {
         .unwrap_or_default()
 }
 
-pub fn runtime(r: &Runtime) -> Value {
-    build(
-        Kind::Runtime,
-        r,
-        &r.spec,
-        r.status.as_ref(),
-        "Ready",
-        vec![],
-    )
-}
-
-pub fn memory(m: &Memory) -> Value {
-    build(Kind::Memory, m, &m.spec, m.status.as_ref(), "Bound", vec![])
-}
-
 /// The wire form of one custom resource as cached now, if it exists.
 pub fn of(ctx: &Context, kind: Kind, ns: &str, name: &str) -> Option<Value> {
-    match kind {
-        Kind::Agent => ctx.store.agents.get(ns, name).map(|a| agent(ctx, &a)),
-        Kind::Tool => ctx.store.tools.get(ns, name).map(|t| tool(ctx, &t)),
-        Kind::Runtime => ctx.store.runtimes.get(ns, name).map(|r| runtime(&r)),
-        Kind::Memory => ctx.store.memories.get(ns, name).map(|m| memory(&m)),
-    }
+    let store = &ctx.store;
+    let resource = match kind {
+        Kind::Agent => Resource::Agent(store.agents.get(ns, name)?),
+        Kind::Tool => Resource::Tool(store.tools.get(ns, name)?),
+        Kind::Runtime => Resource::Runtime(store.runtimes.get(ns, name)?),
+        Kind::Memory => Resource::Memory(store.memories.get(ns, name)?),
+    };
+    Wire { ctx, resource }.value()
 }
 
 /// The changes noted since the last snapshot or delta, each as the object's newest
@@ -241,18 +450,24 @@ pub fn pending_changes(
         .unzip()
 }
 
-/// Every watched custom resource, for a snapshot.
+/// Every watched custom resource, for a snapshot (the legacy HTTP transport's).
 pub fn all(ctx: &Context) -> Vec<Value> {
-    each(ctx).collect()
+    each(ctx).filter_map(|w| w.value()).collect()
 }
 
-/// Every watched object's wire form, built one at a time.
-fn each(ctx: &Context) -> impl Iterator<Item = Value> + '_ {
-    let agents = ctx.store.agents.all().into_iter().map(|a| agent(ctx, &a));
-    let tools = ctx.store.tools.all().into_iter().map(|t| tool(ctx, &t));
-    let runtimes = ctx.store.runtimes.all().into_iter().map(|r| runtime(&r));
-    let memories = ctx.store.memories.all().into_iter().map(|m| memory(&m));
-    agents.chain(tools).chain(runtimes).chain(memories)
+/// Every watched object, to be written one at a time.
+fn each(ctx: &Context) -> impl Iterator<Item = Wire<'_>> {
+    let store = &ctx.store;
+    let wire = move |resource| Wire { ctx, resource };
+    let agents = store.agents.all().into_iter().map(Resource::Agent);
+    let tools = store.tools.all().into_iter().map(Resource::Tool);
+    let runtimes = store.runtimes.all().into_iter().map(Resource::Runtime);
+    let memories = store.memories.all().into_iter().map(Resource::Memory);
+    agents
+        .chain(tools)
+        .chain(runtimes)
+        .chain(memories)
+        .map(wire)
 }
 
 /// The `snapshot` frame's text in pieces of about `piece` bytes (whole resources; a
@@ -266,7 +481,7 @@ pub fn snapshot_pieces(
     ctx: &Context,
     seq: u64,
     piece: usize,
-) -> Pieces<impl Iterator<Item = Value> + Send + '_> {
+) -> Pieces<impl Iterator<Item = Wire<'_>> + Send + '_> {
     Pieces::new(seq, each(ctx), piece)
 }
 
@@ -291,7 +506,7 @@ impl<I: Iterator> Pieces<I> {
     }
 }
 
-impl<I: Iterator<Item = V>, V: std::borrow::Borrow<Value>> Iterator for Pieces<I> {
+impl<I: Iterator<Item = V>, V: WriteJson> Iterator for Pieces<I> {
     type Item = (Vec<u8>, bool);
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -309,7 +524,7 @@ impl<I: Iterator<Item = V>, V: std::borrow::Borrow<Value>> Iterator for Pieces<I
                 out.push(b',');
             }
             self.first = false;
-            write_json(&mut out, r.borrow());
+            r.write_json(&mut out);
             if out.len() >= self.piece && self.resources.peek().is_some() {
                 return Some((out, false));
             }
@@ -318,10 +533,7 @@ impl<I: Iterator<Item = V>, V: std::borrow::Borrow<Value>> Iterator for Pieces<I
 }
 
 /// The whole `snapshot` frame's text of given wire forms (the benchmark times this).
-pub fn snapshot_text_of<V: std::borrow::Borrow<Value>>(
-    seq: u64,
-    resources: impl Iterator<Item = V>,
-) -> String {
+pub fn snapshot_text_of<V: WriteJson>(seq: u64, resources: impl Iterator<Item = V>) -> String {
     let mut pieces = Pieces::new(seq, resources, usize::MAX);
     let (text, _) = pieces.next().expect("one piece");
     String::from_utf8(text).expect("JSON text written from strings is UTF-8")
@@ -335,7 +547,7 @@ pub fn snapshot_text_of<V: std::borrow::Borrow<Value>>(
 pub fn write_json(out: &mut Vec<u8>, v: &Value) {
     match v {
         Value::Null => put(out, b"null"),
-        Value::Bool(b) => put(out, if *b { b"true" } else { b"false" }),
+        Value::Bool(b) => put_bool(out, *b),
         Value::Number(n) => match (n.as_u64(), n.as_i64()) {
             (Some(u), _) => put_u64(out, u),
             (None, Some(i)) => {
@@ -410,6 +622,17 @@ fn put(out: &mut Vec<u8>, bytes: &[u8]) {
     }
 }
 
+fn put_bool(out: &mut Vec<u8>, b: bool) {
+    put(out, if b { b"true" } else { b"false" });
+}
+
+fn put_i64(out: &mut Vec<u8>, n: i64) {
+    if n < 0 {
+        out.push(b'-');
+    }
+    put_u64(out, n.unsigned_abs());
+}
+
 /// Decimal digits without going through `fmt` and a `String`.
 fn put_u64(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
@@ -428,6 +651,126 @@ fn put_u64(out: &mut Vec<u8>, mut n: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    /// Sample objects of every kind, with the parts the wire form reads: labels, odd
+    /// keys, escapes, a status with conditions, a pod with a container in each state.
+    fn samples() -> (Agent, PodView, Tool, Runtime, Memory) {
+        let agent: Agent = serde_json::from_value(json!({
+            "apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
+            "metadata": {"name": "a-1", "namespace": "ns", "uid": "u-1", "generation": 3,
+                "resourceVersion": "42", "creationTimestamp": "2026-12-03T07:00:00Z",
+                "labels": {"team": "x\"y", "app.kubernetes.io/name": "agent"}},
+            "spec": {"runtime": {"ref": "base", "image": "img:1", "command": ["sleep", "3600"],
+                "env": [{"name": "A_B", "value": "line\nbreak"}],
+                "resources": {"limits": {"memory": "1Gi", "nvidia.com/gpu": "1"}, "requests": {"hugepages-2Mi": "2Mi"}}},
+                "tools": ["t"], "restartPolicy": "OnFailure", "serviceAccountName": "sa"},
+            "status": {"phase": "Active", "message": "pod Running", "podName": "a-1", "observedGeneration": 3,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "Running", "message": "ok",
+                    "lastTransitionTime": "2026-12-03T07:01:00Z", "observedGeneration": 3}]}
+        }))
+        .unwrap();
+        let pod: PodView = serde_json::from_value(json!({
+            "metadata": {"name": "a-1", "namespace": "ns", "uid": "p-1",
+                "ownerReferences": [{"apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent", "name": "a-1", "uid": "u-1", "controller": true}]},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "agentlet"}, {"name": "runtime"}, {"name": "init"}]},
+            "status": {"phase": "Running",
+                "conditions": [{"type": "Ready", "status": "False"}],
+                "containerStatuses": [
+                    {"name": "agentlet", "ready": true, "restartCount": 0, "image": "i", "imageID": "", "state": {"running": {"startedAt": "2026-12-03T07:00:30Z"}}},
+                    {"name": "runtime", "ready": false, "restartCount": 3, "image": "i", "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff"}}},
+                    {"name": "init", "ready": false, "restartCount": 1, "image": "i", "imageID": "", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}
+        }))
+        .unwrap();
+        let tool: Tool = serde_json::from_value(json!({
+            "apiVersion": "autonomic.sh/v1alpha1", "kind": "Tool",
+            "metadata": {"name": "t", "namespace": "ns", "uid": "u-2", "generation": 1, "resourceVersion": "7"},
+            "spec": {"image": "tool:1", "idleSeconds": 60},
+            "status": {"phase": "Ready", "users": 0, "idleSince": "2026-12-03T07:00:00Z"}
+        }))
+        .unwrap();
+        let runtime: Runtime = serde_json::from_value(json!({
+            "apiVersion": "autonomic.sh/v1alpha1", "kind": "Runtime",
+            "metadata": {"name": "base", "namespace": "ns"},
+            "spec": {"image": "img:0"}
+        }))
+        .unwrap();
+        let memory: Memory = serde_json::from_value(json!({
+            "apiVersion": "autonomic.sh/v1alpha1", "kind": "Memory",
+            "metadata": {"name": "m", "namespace": "ns", "uid": "u-3"},
+            "spec": {"backend": "redis", "url": "redis://m:6379", "secretRef": {"name": "s", "key": "k"}},
+            "status": {"phase": "Bound", "message": "reachable"}
+        }))
+        .unwrap();
+        (agent, pod, tool, runtime, memory)
+    }
+
+    /// The four samples' wire forms as the JSON trees they were built as before they were
+    /// written directly (`0bb87a0`..`4cba6a1`), one a line.
+    const BEFORE: &str = r#"{"created_at":"2026-12-03T07:00:00Z","generation":3,"kind":"Agent","labels":{"app.kubernetes.io/name":"agent","team":"x\"y"},"message":"pod Running","name":"a-1","namespace":"ns","phase":"Active","pods":[{"containers":[{"name":"agentlet","ready":true,"reason":"","state":"running"},{"name":"runtime","ready":false,"reason":"CrashLoopBackOff","state":"waiting"},{"name":"init","ready":false,"reason":"Completed","state":"terminated"}],"name":"a-1","node":"node-1","phase":"Running","ready":false,"restarts":4}],"ready":true,"resource_version":"42","spec":{"agentlet":{},"paused":false,"restart_policy":"OnFailure","runtime":{"command":["sleep","3600"],"env":[{"name":"A_B","value":"line\nbreak"}],"image":"img:1","ref":"base","resources":{"limits":{"memory":"1Gi","nvidia.com/gpu":"1"},"requests":{"hugepages-2Mi":"2Mi"}}},"service_account_name":"sa","tools":["t"]},"status":{"conditions":[{"last_transition_time":"2026-12-03T07:01:00Z","message":"ok","observed_generation":3,"reason":"Running","status":"True","type":"Ready"}],"context_summary":null,"memory_refs":[],"message":"pod Running","observed_generation":3,"phase":"Active","pod_name":"a-1","started_at":null},"uid":"u-1"}
+{"created_at":"","demand":{"idle_since":"2026-12-03T07:00:00Z","idle_until":"2026-12-03T07:01:00Z","state":"grace","users":0},"generation":1,"kind":"Tool","labels":{},"message":"","name":"t","namespace":"ns","phase":"Ready","pods":[],"ready":true,"resource_version":"7","spec":{"always_on":false,"disabled":false,"idle_seconds":60,"image":"tool:1","port":8080},"status":{"conditions":[],"endpoint":null,"idle_since":"2026-12-03T07:00:00Z","message":null,"observed_generation":null,"phase":"Ready","pod_name":null,"users":0},"uid":"u-2"}
+{"created_at":"","generation":0,"kind":"Runtime","labels":{},"message":"","name":"base","namespace":"ns","phase":"","pods":[],"ready":false,"resource_version":"","spec":{"image":"img:0"},"status":{},"uid":""}
+{"created_at":"","generation":0,"kind":"Memory","labels":{},"message":"reachable","name":"m","namespace":"ns","phase":"Bound","pods":[],"ready":true,"resource_version":"","spec":{"backend":"redis","secret_ref":{"key":"k","name":"s"},"url":"redis://m:6379"},"status":{"conditions":[],"message":"reachable","observed_generation":null,"phase":"Bound","secret_name":null},"uid":"u-3"}"#;
+
+    #[test]
+    fn each_kind_is_written_with_the_content_it_had_as_a_tree() {
+        let (agent, pod, tool, runtime, memory) = samples();
+        let demand = tool_demand(&tool);
+        let mut written = vec![Vec::new(); 4];
+        let (a, t) = (&agent, &tool);
+        write_resource(
+            &mut written[0],
+            Kind::Agent,
+            a,
+            &a.spec,
+            a.status.as_ref(),
+            "Active",
+            Some(&pod),
+            None,
+        );
+        write_resource(
+            &mut written[1],
+            Kind::Tool,
+            t,
+            &t.spec,
+            t.status.as_ref(),
+            "Ready",
+            None,
+            Some(&demand),
+        );
+        let (r, m) = (&runtime, &memory);
+        write_resource(
+            &mut written[2],
+            Kind::Runtime,
+            r,
+            &r.spec,
+            r.status.as_ref(),
+            "Ready",
+            None,
+            None,
+        );
+        write_resource(
+            &mut written[3],
+            Kind::Memory,
+            m,
+            &m.spec,
+            m.status.as_ref(),
+            "Bound",
+            None,
+            None,
+        );
+        for (text, before) in written.iter().zip(BEFORE.lines()) {
+            let now: Value = serde_json::from_slice(text).expect("JSON");
+            let before: Value = serde_json::from_str(before).unwrap();
+            assert_eq!(now, before, "{}", String::from_utf8_lossy(text));
+        }
+        // The top level and the pod are written in the order the tree wrote them.
+        let agent_text = String::from_utf8(written[0].clone()).unwrap();
+        let first = BEFORE.lines().next().unwrap();
+        let (now_head, before_head) = (
+            agent_text.split_once(",\"spec\"").unwrap().0,
+            first.split_once(",\"spec\"").unwrap().0,
+        );
+        assert_eq!(now_head, before_head);
+    }
 
     #[test]
     fn the_streamed_snapshot_is_the_encoded_frame() {
@@ -477,19 +820,23 @@ mod tests {
             "disabled"
         );
         // The status travels too, re-keyed like the rest of the frame.
-        let status = snake_case(
-            serde_json::to_value(tool("", ", users: 1, idleSince: '2026-12-03T07:00:00Z'").status)
-                .unwrap(),
-        );
+        let status = snaked(&tool("", ", users: 1, idleSince: '2026-12-03T07:00:00Z'").status);
         assert_eq!(
             (status["users"].clone(), status["idle_since"].clone()),
             (json!(1), json!("2026-12-03T07:00:00Z"))
         );
     }
 
+    /// What [`write_snake`] writes, read back.
+    fn snaked<T: Serialize>(value: &T) -> Value {
+        let mut out = Vec::new();
+        write_snake(&mut out, value);
+        serde_json::from_slice(&out).expect("JSON")
+    }
+
     #[test]
     fn keys_become_snake_case_but_data_keys_do_not() {
-        let v = snake_case(json!({
+        let v = snaked(&json!({
             "memoryRefs": [{"secretName": "x"}],
             "contextSummary": "s",
             "resources": {"limits": {"hugepages-2Mi": "1", "nvidia.com/gpu": 1}},
@@ -500,6 +847,22 @@ mod tests {
         assert_eq!(v["resources"]["limits"]["hugepages-2Mi"], "1");
         assert_eq!(v["resources"]["limits"]["nvidia.com/gpu"], 1);
         assert_eq!(v["env"][0]["value"], "camelCaseValue");
+        // At any depth; a key with an escape, or not a plain identifier, passes unchanged.
+        let v = snaked(&json!({
+            "someField": [{"innerKey": 1, "x": {"deepKeyHere": true}}],
+            "Upper": "c", "ab\ncD": "d", "quote\"Key": "e", "plain": "with \"escapes\" \u{1}",
+        }));
+        assert_eq!(
+            v,
+            json!({
+                "some_field": [{"inner_key": 1, "x": {"deep_key_here": true}}],
+                "Upper": "c", "ab\ncD": "d", "quote\"Key": "e", "plain": "with \"escapes\" \u{1}",
+            })
+        );
+        // A map whose keys are not strings cannot be JSON: `null`, and nothing else.
+        let mut out = b"[".to_vec();
+        write_snake(&mut out, &std::collections::BTreeMap::from([((1, 2), 3)]));
+        assert_eq!(out, b"[null");
     }
 
     /// The hand-written writer is serde_json's, byte for byte, on what can trip a JSON
@@ -558,7 +921,7 @@ mod tests {
 
 #[cfg(test)]
 mod pod_tests {
-    use super::pod_wire;
+    use super::write_pod;
     use crate::reconcile::common::{Health, pod_health};
     use crate::store::{PodView, trim};
     use serde_json::json;
@@ -598,6 +961,13 @@ mod pod_tests {
                     {"type": "PodScheduled", "status": "True"}],
                 "containerStatuses": [status("runtime", 2), status("agentlet", 0)]}
         })
+    }
+
+    /// A pod's wire form, read back.
+    fn pod_wire(pod: &PodView) -> serde_json::Value {
+        let mut out = Vec::new();
+        write_pod(&mut out, pod);
+        serde_json::from_slice(&out).expect("JSON")
     }
 
     fn read(v: serde_json::Value) -> PodView {
