@@ -38,8 +38,9 @@ pub const MAX_OBJECT: usize = 8 << 20;
 /// The largest part of a list outside its items (kind, apiVersion, metadata).
 const MAX_ENVELOPE: usize = 64 << 10;
 
-/// How long a list's body may stall before the list is abandoned (and retried).
-const STALL: Duration = Duration::from_secs(60);
+/// How long a list's answer may take to start, or its body stall, before the list is
+/// abandoned (and retried).
+pub(super) const STALL: Duration = Duration::from_secs(60);
 
 /// Why a list failed.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +49,7 @@ pub enum ListError {
     Api(#[from] kube::Error),
     #[error("reading the list: {0}")]
     Read(#[from] std::io::Error),
-    #[error("the list's body stalled for {}s", STALL.as_secs())]
+    #[error("the list's answer stalled for {}s", STALL.as_secs())]
     Stalled,
     #[error("the list's body is malformed: {0}")]
     Malformed(&'static str),
@@ -69,7 +70,11 @@ pub async fn list<K: DeserializeOwned>(
         let req = request
             .list(&params)
             .map_err(|e| ListError::Api(kube::Error::BuildRequest(e)))?;
-        let body = client.request_stream(req).await?;
+        // The client's own read timeout is the API server's watch length (295 s).
+        let body = match tokio::time::timeout(STALL, client.request_stream(req)).await {
+            Err(_) => return Err(ListError::Stalled),
+            Ok(body) => body?,
+        };
         futures::pin_mut!(body);
         let mut split = Splitter::default();
         loop {

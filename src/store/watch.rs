@@ -383,10 +383,10 @@ mod tests {
     type Chunks = mpsc::UnboundedSender<Chunk>;
 
     /// Answers each request with the next body the test queued (else one that never
-    /// comes), and keeps every request's URI with when it came.
+    /// comes; `None`: no answer at all), and keeps every request's URI with when it came.
     #[derive(Default)]
     struct Scripted {
-        bodies: Mutex<VecDeque<mpsc::UnboundedReceiver<Chunk>>>,
+        bodies: Mutex<VecDeque<Option<mpsc::UnboundedReceiver<Chunk>>>>,
         seen: Mutex<VecDeque<(String, Instant)>>,
         arrived: tokio::sync::Notify,
     }
@@ -395,8 +395,12 @@ mod tests {
         /// Queues a body; returns its sender (dropped: the body ends).
         fn answer(&self) -> Chunks {
             let (tx, rx) = mpsc::unbounded();
-            self.bodies.lock().unwrap().push_back(rx);
+            self.bodies.lock().unwrap().push_back(Some(rx));
             tx
+        }
+        /// Queues a request that is never answered, not even its headers.
+        fn never(&self) {
+            self.bodies.lock().unwrap().push_back(None);
         }
         async fn next_request(&self) -> (String, Instant) {
             loop {
@@ -427,14 +431,18 @@ mod tests {
             let api = api.clone();
             async move {
                 let body = api.bodies.lock().unwrap().pop_front();
-                let body = body.unwrap_or_else(|| {
-                    let (tx, rx) = mpsc::unbounded();
-                    std::mem::forget(tx);
-                    rx
-                });
                 let uri = req.uri().to_string();
                 api.seen.lock().unwrap().push_back((uri, Instant::now()));
                 api.arrived.notify_waiters();
+                let body = match body {
+                    Some(Some(body)) => body,
+                    Some(None) => std::future::pending().await,
+                    None => {
+                        let (tx, rx) = mpsc::unbounded();
+                        std::mem::forget(tx);
+                        rx
+                    }
+                };
                 Ok::<_, Infallible>(Response::new(StreamBody::new(body)))
             }
         });
@@ -573,6 +581,50 @@ mod tests {
         drop(ok);
         api.next_request().await; // the watch
         assert!(store.wire_synced.is_synced());
+        task.abort();
+    }
+
+    /// A list whose answer does not start, or whose body stops, for 60 s is given up and
+    /// retried after a backoff; the cache counts as synced only once one list is whole.
+    #[tokio::test(start_paused = true)]
+    async fn a_list_stalled_before_or_in_its_body_is_retried_after_60_s() {
+        let api = Arc::new(Scripted::default());
+        let store = Arc::new(Store::default());
+        let source = Source {
+            client: client(&api),
+            scope: None,
+            selector: None,
+        };
+        api.never();
+        let stalled = api.answer();
+        let task = tokio::spawn(drive(source, true, store.clone(), |s| &s.pods, |_, _| {}));
+        let (_, first) = api.next_request().await;
+        let stall = super::super::list::STALL;
+        let (_, second) = tokio::time::timeout(2 * stall, api.next_request())
+            .await
+            .expect("no retry of a list whose answer never started");
+        let waited = second - first;
+        assert!(
+            waited >= stall && waited <= stall + RETRY_FIRST,
+            "{waited:?}"
+        );
+        send(
+            &stalled,
+            r#"{"metadata":{"resourceVersion":"1"},"items":[{"#,
+        );
+        let ok = api.answer();
+        let (_, third) = api.next_request().await;
+        let waited = third - second;
+        assert!(
+            waited >= stall && waited <= stall + 2 * RETRY_FIRST,
+            "{waited:?}"
+        );
+        assert!(!store.wire_synced.is_synced());
+        send(&ok, r#"{"metadata":{"resourceVersion":"1"},"items":[]}"#);
+        drop(ok);
+        api.next_request().await; // the watch
+        assert!(store.wire_synced.is_synced());
+        drop(stalled);
         task.abort();
     }
 }
