@@ -203,7 +203,36 @@ async fn check_recovered(cp: &FakeCp, m: &Manager, client: &Client, ns: &TestNam
     let took = converged(cp, 1, client, &ns.name, "after the fault").await;
     eprintln!("the control plane's view equals the cluster {took:?} after the fault");
     // The changes made during the fault are in the cluster, reconciled by this manager.
-    let state = cluster_state::of_cluster(client, &[&ns.name]).await;
+    // Its reconcilers start once every list is whole: a list the fault cut (a Secrets list
+    // still in flight at the stall) is retried after a backoff of up to 0.8 s, so the
+    // statuses may follow the control plane's view by a moment; 20 s at most.
+    let n = &ns.name;
+    let phase = |state: &cluster_state::State, k: &str| {
+        state
+            .get(k)
+            .and_then(|e| e.split(" phase=").nth(1))
+            .and_then(|p| p.split(' ').next())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let want = [
+        (format!("Agent/{n}/a-pause"), "Paused"),
+        (format!("Agent/{n}/a-new"), "Pending"),
+        (format!("Runtime/{n}/r-new"), "Ready"),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let state = loop {
+        let state = cluster_state::of_cluster(client, &[n]).await;
+        if want.iter().all(|(k, p)| phase(&state, k) == *p) {
+            break state;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not reconciled within 20 s of the view: want {want:?}\n{state:#?}\n{}",
+            m.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     for gone in ["Agent/a-gone", "Memory/m-gone"] {
         let (kind, name) = gone.split_once('/').unwrap();
         assert!(
@@ -216,18 +245,6 @@ async fn check_recovered(cp: &FakeCp, m: &Manager, client: &Client, ns: &TestNam
             removed_on(cp, 1)
         );
     }
-    let phase = |k: &str| {
-        state
-            .get(k)
-            .and_then(|e| e.split(" phase=").nth(1))
-            .and_then(|p| p.split(' ').next())
-            .unwrap_or("")
-            .to_owned()
-    };
-    let n = &ns.name;
-    assert_eq!(phase(&format!("Agent/{n}/a-pause")), "Paused", "{state:#?}");
-    assert_eq!(phase(&format!("Agent/{n}/a-new")), "Pending", "{state:#?}");
-    assert_eq!(phase(&format!("Runtime/{n}/r-new")), "Ready", "{state:#?}");
     let snap = resync_equals_cluster(cp, 1, client, n).await;
     let r_edit = cp
         .frames()
