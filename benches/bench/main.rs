@@ -667,7 +667,54 @@ async fn footprint_runs(
     (fp, m, cp)
 }
 
-/// Item 4 alone, for work on the start: `runs` fresh managers, one after the other, over
+/// Item 12b: a failover at `n` Agents. Two elected replicas; the leader is stopped as a
+/// rolling update or a drain stops it (SIGTERM: it closes its connection and releases
+/// the Lease); the time from its exit to the standby's first snapshot at the control
+/// plane, the standby's caches warm. (A leader killed outright is taken over when its
+/// Lease expires, 15 s later, a time the Lease sets, not the manager.)
+async fn failover(ns: &str, n: usize) -> Value {
+    let cp = FakeCp::start().await;
+    let replica = |pod: &str| {
+        let mut env = managed_env(&cp);
+        env.extend([
+            ("AUTONOMIC_LEADER_ELECTION", "true".to_owned()),
+            ("POD_NAMESPACE", ns.to_owned()),
+            ("POD_NAME", pod.to_owned()),
+        ]);
+        let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        Manager::start_as(ns, &format!("{ns}-failover-{pod}"), &pairs)
+    };
+    let mut a = replica("a");
+    cp.wait_frame("the leader's snapshot", |f| {
+        f.conn == 1 && is_type(f, "snapshot")
+    })
+    .await;
+    let b = replica("b");
+    b.wait_ready().await;
+    let stop = Instant::now();
+    a.stop("TERM");
+    let exited = Instant::now();
+    let snapshot = cp
+        .wait_frame("the new leader's snapshot", |f| {
+            f.conn == 2 && is_type(f, "snapshot")
+        })
+        .await;
+    assert_eq!(
+        snapshot.resources().len(),
+        n,
+        "the snapshot holds every Agent"
+    );
+    let out = json!({
+        "agents": n,
+        "stop_to_exit_ms": ms(exited - stop),
+        "exit_to_snapshot_ms": ms(snapshot.at - exited),
+    });
+    eprintln!("failover {n}: {out}");
+    drop(b);
+    out
+}
+
+/// Items 12 and 12b alone, for work on the start: `runs` fresh managers, one after the other, over
 /// the namespace `ns` (kept: made with `n` Agents and their pods when not given, and its
 /// name printed, so that the next build measures the same objects).
 async fn first_snapshot(n: usize, runs: usize, ns: Option<String>) -> Value {
@@ -687,7 +734,10 @@ async fn first_snapshot(n: usize, runs: usize, ns: Option<String>) -> Value {
         }
     };
     eprintln!("namespace {ns} (kept; --ns {ns} measures it again)");
-    footprint_runs(&client, &ns, n, runs).await.0
+    let (start, m, cp) = footprint_runs(&client, &ns, n, runs).await;
+    drop(m);
+    drop(cp);
+    json!({"start": start, "failover": failover(&ns, n).await})
 }
 
 /// Item 4 in-process: encoding a snapshot of `n` resources shaped like `sample` (a real
@@ -821,6 +871,9 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
         }
         drop(m);
         drop(cp);
+        if n >= 10_000 {
+            results.insert("failover".into(), failover(&ns.name, n).await);
+        }
         namespaces.push(ns);
     }
     results.insert("footprint".into(), json!(footprints));

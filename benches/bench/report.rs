@@ -464,6 +464,17 @@ pub fn render(md: &str, files: &[String], before: &[String]) {
             );
         }
     }
+    let fo = get("failover");
+    if fo.is_object() {
+        let t = f(&fo["exit_to_snapshot_ms"]) / 1000.0;
+        let _ = writeln!(
+            s,
+            "| 12b | A failover with {} Agents: the leader stopped (SIGTERM, Lease released) → the standby's first snapshot at the control plane, from the leader's exit | {t:.2} s (the stop itself {:.2} s) | | | ≤ 3 s | {} |",
+            fo["agents"],
+            f(&fo["stop_to_exit_ms"]) / 1000.0,
+            met(t <= 3.0)
+        );
+    }
     if let Some(t) = throughput
         .iter()
         .rev()
