@@ -986,9 +986,11 @@ sys.exit(0 if len(ready) >= int(sys.argv[1]) else 1)' "$n"
 # Each hollow kubelet made a root dir for its pods' volumes in /tmp (fixed there, no
 # mounts: its mounter is a fake), named in its log. Called once they are stopped.
 hollow_remove_dirs() {
-    sed -n 's/.*Using \(\/tmp\/hollow-kubelet\.[0-9]*\) as root dir.*/\1/p' \
-        "${LOGS}"/hollow-*.log 2>/dev/null | xargs -r rm -rf
-    rm -f "${LOGS}"/hollow-*.log
+    local logs=("${LOGS}"/hollow-*.log)
+    [[ -e "${logs[0]}" ]] || return 0
+    sed -n 's/.*Using \(\/tmp\/hollow-kubelet\.[0-9]*\) as root dir.*/\1/p' "${logs[@]}" |
+        xargs -r rm -rf
+    rm -f "${logs[@]}"
 }
 
 cmd_hollow() {

@@ -166,8 +166,17 @@ impl OwnBed {
 
 impl Drop for OwnBed {
     fn drop(&mut self) {
-        let _ = self.cluster(&["down"]);
+        let down = self.cluster(&["down"]);
         // cluster.sh serialises up/down on a lock file beside the state dir.
         let _ = std::fs::remove_file(format!("{}.lock", self.dir));
+        // A `down` that fails leaves an API server and an etcd running for good: the test
+        // fails rather than leak them (unless it is failing already).
+        if !down.status.success() && !std::thread::panicking() {
+            panic!(
+                "cluster.sh down failed for {}:\n{}",
+                self.dir,
+                String::from_utf8_lossy(&down.stderr)
+            );
+        }
     }
 }
