@@ -551,19 +551,26 @@ mod tests {
         task.abort();
     }
 
+    /// The loop over every namespace's pods (a built-in kind, in the wire form) against
+    /// `api`, into a store of its own.
+    fn pods_loop(api: &Arc<Scripted>) -> (Arc<Store>, tokio::task::JoinHandle<()>) {
+        let store = Arc::new(Store::default());
+        let source = Source {
+            client: client(api),
+            scope: None,
+            selector: None,
+        };
+        let task = tokio::spawn(drive(source, true, store.clone(), |s| &s.pods, |_, _| {}));
+        (store, task)
+    }
+
     /// A built-in kind's first list is paged from etcd; a list that fails is retried
     /// after the backoff's first wait at most; the gate stays closed until one succeeds.
     #[tokio::test(start_paused = true)]
     async fn a_broken_list_is_retried_after_a_backoff() {
         let api = Arc::new(Scripted::default());
-        let store = Arc::new(Store::default());
-        let source = Source {
-            client: client(&api),
-            scope: None,
-            selector: None,
-        };
         let broken = api.answer();
-        let task = tokio::spawn(drive(source, true, store.clone(), |s| &s.pods, |_, _| {}));
+        let (store, task) = pods_loop(&api);
         let (uri, first) = api.next_request().await;
         // A built-in kind lists from etcd in pages, even the first time.
         assert!(uri.starts_with("/api/v1/pods?"), "{uri}");
@@ -589,15 +596,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_list_stalled_before_or_in_its_body_is_retried_after_60_s() {
         let api = Arc::new(Scripted::default());
-        let store = Arc::new(Store::default());
-        let source = Source {
-            client: client(&api),
-            scope: None,
-            selector: None,
-        };
         api.never();
         let stalled = api.answer();
-        let task = tokio::spawn(drive(source, true, store.clone(), |s| &s.pods, |_, _| {}));
+        let (store, task) = pods_loop(&api);
         let (_, first) = api.next_request().await;
         let stall = super::super::list::STALL;
         let (_, second) = tokio::time::timeout(2 * stall, api.next_request())
