@@ -185,26 +185,24 @@ fn write_pod(out: &mut Vec<u8>, pod: &PodView) {
     out.push(b'}');
 }
 
-/// Appends the wire form of one custom resource: its metadata, spec and status, the
-/// phase and message the status carries, `ready` when the phase is `ready_phase`, its
-/// pod if it has one and, for a Tool, its `demand`.
-#[allow(clippy::too_many_arguments)]
+/// Appends the wire form of one custom resource: its kind, metadata, spec and status, the
+/// phase and message the status carries, `ready` when the phase is its kind's ready one
+/// ([`PhaseStatus::READY`]), its pod if it has one and, for a Tool, its `demand`.
 fn write_resource<K, P, S>(
     out: &mut Vec<u8>,
-    kind: Kind,
     obj: &K,
     spec: &P,
     status: Option<&S>,
-    ready_phase: &str,
     pod: Option<&PodView>,
     demand: Option<&Value>,
 ) where
-    K: ResourceExt,
+    K: kube::Resource<DynamicType = ()>,
     P: Serialize,
     S: PhaseStatus,
 {
     let meta = obj.meta();
     let phase = status.and_then(PhaseStatus::phase_name).unwrap_or_default();
+    let ready = status.and_then(PhaseStatus::phase) == Some(S::READY);
     fn text(s: &Option<String>) -> &str {
         s.as_deref().unwrap_or_default()
     }
@@ -218,7 +216,7 @@ fn write_resource<K, P, S>(
     put(out, b",\"generation\":");
     put_i64(out, meta.generation.unwrap_or(0));
     put(out, b",\"kind\":");
-    write_str(out, kind.as_str());
+    write_str(out, &K::kind(&()));
     put(out, b",\"labels\":{");
     for (i, (k, v)) in meta.labels.iter().flatten().enumerate() {
         if i > 0 {
@@ -244,7 +242,7 @@ fn write_resource<K, P, S>(
         write_pod(out, pod);
     }
     put(out, b"],\"ready\":");
-    put_bool(out, phase == ready_phase);
+    put_bool(out, ready);
     put(out, b",\"resource_version\":");
     write_str(out, text(&meta.resource_version));
     put(out, b",\"spec\":");
@@ -303,56 +301,19 @@ impl WriteJson for Wire<'_> {
         match &self.resource {
             Resource::Agent(a) => {
                 let pod = owned(&a.metadata, &a.name_any());
-                let (spec, status) = (&a.spec, a.status.as_ref());
-                write_resource(
-                    out,
-                    Kind::Agent,
-                    &**a,
-                    spec,
-                    status,
-                    "Active",
-                    pod.as_deref(),
-                    None,
-                );
+                write_resource(out, &**a, &a.spec, a.status.as_ref(), pod.as_deref(), None);
             }
             Resource::Tool(t) => {
                 let pod = owned(&t.metadata, &tool::pod_name(&t.name_any()));
-                let demand = tool_demand(t);
+                let demand = Some(tool_demand(t));
                 let (spec, status) = (&t.spec, t.status.as_ref());
-                write_resource(
-                    out,
-                    Kind::Tool,
-                    &**t,
-                    spec,
-                    status,
-                    "Ready",
-                    pod.as_deref(),
-                    Some(&demand),
-                );
+                write_resource(out, &**t, spec, status, pod.as_deref(), demand.as_ref());
             }
             Resource::Runtime(r) => {
-                write_resource(
-                    out,
-                    Kind::Runtime,
-                    &**r,
-                    &r.spec,
-                    r.status.as_ref(),
-                    "Ready",
-                    None,
-                    None,
-                );
+                write_resource(out, &**r, &r.spec, r.status.as_ref(), None, None);
             }
             Resource::Memory(m) => {
-                write_resource(
-                    out,
-                    Kind::Memory,
-                    &**m,
-                    &m.spec,
-                    m.status.as_ref(),
-                    "Bound",
-                    None,
-                    None,
-                );
+                write_resource(out, &**m, &m.spec, m.status.as_ref(), None, None);
             }
         }
     }
@@ -710,66 +671,38 @@ mod tests {
 {"created_at":"","generation":0,"kind":"Runtime","labels":{},"message":"","name":"base","namespace":"ns","phase":"","pods":[],"ready":false,"resource_version":"","spec":{"image":"img:0"},"status":{},"uid":""}
 {"created_at":"","generation":0,"kind":"Memory","labels":{},"message":"reachable","name":"m","namespace":"ns","phase":"Bound","pods":[],"ready":true,"resource_version":"","spec":{"backend":"redis","secret_ref":{"key":"k","name":"s"},"url":"redis://m:6379"},"status":{"conditions":[],"message":"reachable","observed_generation":null,"phase":"Bound","secret_name":null},"uid":"u-3"}"#;
 
-    #[test]
-    fn each_kind_is_written_with_the_content_it_had_as_a_tree() {
+    // A runtime only for the test context's client, which is never called.
+    #[tokio::test]
+    async fn each_kind_is_written_with_the_content_it_had_as_a_tree() {
         let (agent, pod, tool, runtime, memory) = samples();
-        let demand = tool_demand(&tool);
-        let mut written = vec![Vec::new(); 4];
-        let (a, t) = (&agent, &tool);
-        write_resource(
-            &mut written[0],
-            Kind::Agent,
-            a,
-            &a.spec,
-            a.status.as_ref(),
-            "Active",
-            Some(&pod),
-            None,
-        );
-        write_resource(
-            &mut written[1],
-            Kind::Tool,
-            t,
-            &t.spec,
-            t.status.as_ref(),
-            "Ready",
-            None,
-            Some(&demand),
-        );
-        let (r, m) = (&runtime, &memory);
-        write_resource(
-            &mut written[2],
-            Kind::Runtime,
-            r,
-            &r.spec,
-            r.status.as_ref(),
-            "Ready",
-            None,
-            None,
-        );
-        write_resource(
-            &mut written[3],
-            Kind::Memory,
-            m,
-            &m.spec,
-            m.status.as_ref(),
-            "Bound",
-            None,
-            None,
-        );
-        for (text, before) in written.iter().zip(BEFORE.lines()) {
-            let now: Value = serde_json::from_slice(text).expect("JSON");
+        let ctx = crate::connect::test_context();
+        let store = &ctx.store;
+        let agent = store.agents.insert(agent);
+        store.pods.insert(pod);
+        store.tools.insert(tool);
+        store.runtimes.insert(runtime);
+        store.memories.insert(memory);
+        let kinds = [
+            (Kind::Agent, "a-1"),
+            (Kind::Tool, "t"),
+            (Kind::Runtime, "base"),
+            (Kind::Memory, "m"),
+        ];
+        for ((kind, name), before) in kinds.into_iter().zip(BEFORE.lines()) {
             let before: Value = serde_json::from_str(before).unwrap();
-            assert_eq!(now, before, "{}", String::from_utf8_lossy(text));
+            assert_eq!(of(&ctx, kind, "ns", name), Some(before), "{kind:?}");
         }
         // The top level and the pod are written in the order the tree wrote them.
-        let agent_text = String::from_utf8(written[0].clone()).unwrap();
-        let first = BEFORE.lines().next().unwrap();
-        let (now_head, before_head) = (
-            agent_text.split_once(",\"spec\"").unwrap().0,
-            first.split_once(",\"spec\"").unwrap().0,
-        );
-        assert_eq!(now_head, before_head);
+        let mut written = Vec::new();
+        let resource = Resource::Agent(agent);
+        Wire {
+            ctx: &ctx,
+            resource,
+        }
+        .write_json(&mut written);
+        let written = String::from_utf8(written).unwrap();
+        let head = |t: &str| t.split_once(",\"spec\"").unwrap().0.to_owned();
+        assert_eq!(head(&written), head(BEFORE.lines().next().unwrap()));
     }
 
     #[test]
