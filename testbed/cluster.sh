@@ -218,40 +218,43 @@ client_ext() { printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSigna
 server_ext() { printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=%s\n' "$1"; }
 
 # Generate (or reuse from the cache) the PKI. RSA key generation is the slow
-# part (~1-2 s for a dozen keys), so it is cached per node name/IP/service IP.
+# part (~1-2 s for a dozen keys), so it is cached per node name/IP/service IP,
+# filled once under a lock (fill_once): beds that start together share one.
 make_pki() {
     local node_ip="$1" svc_ip="$2" key dir
-    key="$(printf 'pki-v1 %s %s %s' "$NODE_NAME" "$node_ip" "$svc_ip" | sha256sum | cut -c1-16)"
+    key="$(printf 'pki-v2 %s %s %s' "$NODE_NAME" "$node_ip" "$svc_ip" | sha256sum | cut -c1-16)"
     dir="${TESTBED_CACHE}/pki/${key}"
-    if [[ ! -s "${dir}/.complete" ]]; then
-        log "generating PKI in ${dir}"
-        rm -rf "$dir"
-        mkdir -p "$dir"
-        chmod 700 "$dir"
-        openssl genrsa -out "${dir}/ca.key" 2048 2>/dev/null
-        openssl req -x509 -new -key "${dir}/ca.key" -subj "/CN=autonomic-testbed-ca" -days 3650 -sha256 \
-            -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
-            -out "${dir}/ca.crt" 2>/dev/null
-        # Service-account token signing pair.
-        openssl genrsa -out "${dir}/sa.key" 2048 2>/dev/null
-        openssl rsa -in "${dir}/sa.key" -pubout -out "${dir}/sa.pub" 2>/dev/null
-        local san="DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
-        san+=",DNS:kubernetes.default.svc.cluster.local,DNS:${NODE_NAME},IP:127.0.0.1,IP:${svc_ip},IP:${node_ip}"
-        pki_sign "$dir" apiserver "/CN=kube-apiserver" "$(server_ext "$san")"
-        pki_sign "$dir" kubelet-serving "/CN=${NODE_NAME}" \
-            "$(server_ext "DNS:${NODE_NAME},DNS:localhost,IP:127.0.0.1,IP:${node_ip}")"
-        pki_sign "$dir" admin "/O=system:masters/CN=autonomic-testbed-admin" "$(client_ext)"
-        pki_sign "$dir" apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$(client_ext)"
-        pki_sign "$dir" controller-manager "/CN=system:kube-controller-manager" "$(client_ext)"
-        pki_sign "$dir" scheduler "/CN=system:kube-scheduler" "$(client_ext)"
-        pki_sign "$dir" kubelet "/O=system:nodes/CN=system:node:${NODE_NAME}" "$(client_ext)"
-        pki_sign "$dir" kube-proxy "/CN=system:kube-proxy" "$(client_ext)"
-        pki_sign "$dir" front-proxy-client "/CN=front-proxy-client" "$(client_ext)"
-        date >"${dir}/.complete"
-    fi
+    fill_once "$dir" generate_pki "$node_ip" "$svc_ip"
     mkdir -p "$PKI"
     cp -a "${dir}/." "$PKI/"
-    rm -f "${PKI}/.complete"
+}
+
+# generate_pki NODE_IP SVC_IP DIR: a new CA, service-account key pair and the
+# components' certificates in DIR (which must not exist).
+generate_pki() {
+    local node_ip="$1" svc_ip="$2" dir="$3"
+    log "generating PKI in ${dir}"
+    mkdir -p "$dir"
+    chmod 700 "$dir"
+    openssl genrsa -out "${dir}/ca.key" 2048 2>/dev/null
+    openssl req -x509 -new -key "${dir}/ca.key" -subj "/CN=autonomic-testbed-ca" -days 3650 -sha256 \
+        -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
+        -out "${dir}/ca.crt" 2>/dev/null
+    # Service-account token signing pair.
+    openssl genrsa -out "${dir}/sa.key" 2048 2>/dev/null
+    openssl rsa -in "${dir}/sa.key" -pubout -out "${dir}/sa.pub" 2>/dev/null
+    local san="DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+    san+=",DNS:kubernetes.default.svc.cluster.local,DNS:${NODE_NAME},IP:127.0.0.1,IP:${svc_ip},IP:${node_ip}"
+    pki_sign "$dir" apiserver "/CN=kube-apiserver" "$(server_ext "$san")"
+    pki_sign "$dir" kubelet-serving "/CN=${NODE_NAME}" \
+        "$(server_ext "DNS:${NODE_NAME},DNS:localhost,IP:127.0.0.1,IP:${node_ip}")"
+    pki_sign "$dir" admin "/O=system:masters/CN=autonomic-testbed-admin" "$(client_ext)"
+    pki_sign "$dir" apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$(client_ext)"
+    pki_sign "$dir" controller-manager "/CN=system:kube-controller-manager" "$(client_ext)"
+    pki_sign "$dir" scheduler "/CN=system:kube-scheduler" "$(client_ext)"
+    pki_sign "$dir" kubelet "/O=system:nodes/CN=system:node:${NODE_NAME}" "$(client_ext)"
+    pki_sign "$dir" kube-proxy "/CN=system:kube-proxy" "$(client_ext)"
+    pki_sign "$dir" front-proxy-client "/CN=front-proxy-client" "$(client_ext)"
 }
 
 # write_kubeconfig FILE CERTNAME: kubeconfig with embedded CA/cert/key, so the

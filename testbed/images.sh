@@ -81,44 +81,44 @@ busybox_rootfs() {
     printf 'hosts: files dns\n' >"$root/etc/nsswitch.conf"
 }
 
+# Prints the archive of one image, built once (fill_once: beds that start together
+# share it, and nobody sees a half-written archive).
 build_one() {
-    local img="$1" out tmp arch
-    out="$(archive_path "$img")"
-    if [[ -s "$out" ]]; then
-        printf '%s\n' "$out"
-        return 0
-    fi
-    # Work dir inside the cache (not mktemp) so a failed run leaves nothing in
-    # /tmp; it is wiped at the start of the next attempt.
-    tmp="$IMAGE_CACHE/.build-$img"
-    rm -rf "$tmp"
-    mkdir -p "$tmp"
+    local out
+    out="$(archive_path "$1")"
+    fill_once "$out" write_archive "$1"
+    printf '%s\n' "$out"
+}
+
+# write_archive IMG OUT: the OCI archive of IMG written to OUT, from a rootfs built
+# beside it (OUT.rootfs, removed after).
+write_archive() {
+    local img="$1" out="$2" work="$2.rootfs" arch
     arch="$(dpkg --print-architecture)"
-    local args=(--name "$(image_name "$img")" --out "$out" --rootfs "$tmp/rootfs" --arch "$arch")
+    local args=(--name "$(image_name "$img")" --out "$out" --rootfs "$work" --arch "$arch")
     case "$img" in
         pause)
-            mkdir -p "$tmp/rootfs"
-            gcc -static -O2 -Wall -o "$tmp/rootfs/pause" "${HERE}/pause.c"
-            strip "$tmp/rootfs/pause"
+            mkdir -p "$work"
+            gcc -static -O2 -Wall -o "$work/pause" "${HERE}/pause.c"
+            strip "$work/pause"
             args+=(--entrypoint '["/pause"]')
             ;;
         busybox)
-            busybox_rootfs "$tmp/rootfs"
+            busybox_rootfs "$work"
             args+=(--cmd '["sh"]')
             ;;
         agentlet)
-            busybox_rootfs "$tmp/rootfs"
-            printf '%s' "$AGENTLET_SH" >"$tmp/rootfs/agentlet.sh"
-            chmod 0755 "$tmp/rootfs/agentlet.sh"
+            busybox_rootfs "$work"
+            printf '%s' "$AGENTLET_SH" >"$work/agentlet.sh"
+            chmod 0755 "$work/agentlet.sh"
             args+=(--entrypoint '["/agentlet.sh"]')
             ;;
         *) die "unknown image $img" ;;
     esac
     # Old archives of this image are stale once the inputs changed.
-    rm -f "$IMAGE_CACHE/$img"-*.oci.tar
+    find "$IMAGE_CACHE" -maxdepth 1 -name "$img-*.oci.tar" ! -name "$(basename "$out")*" -delete
     python3 "${HERE}/oci.py" "${args[@]}"
-    rm -rf "$tmp"
-    printf '%s\n' "$out"
+    rm -rf "$work"
 }
 
 build_all() {

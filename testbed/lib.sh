@@ -18,6 +18,9 @@ K8S_CACHE_DIR="${TESTBED_CACHE}/k8s-${K8S_VERSION}"
 K8S_BIN_DIR="${K8S_CACHE_DIR}/bin"
 K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 
+# Command substitutions keep errexit too (a failed step inside $(...) fails the caller).
+shopt -s inherit_errexit
+
 log() { printf '[testbed %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
@@ -41,39 +44,47 @@ _TESTBED_APT_UPDATED=0
 apt_update_once() {
     if [[ "$_TESTBED_APT_UPDATED" == 0 ]]; then
         log "apt-get update"
-        apt-get update -qq >&2
+        apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
         _TESTBED_APT_UPDATED=1
     fi
 }
 
 # Install missing Debian packages. A temporary policy-rc.d exiting 101 keeps
 # packages such as containerd and etcd-server from starting system services
-# (they would grab the default sockets/ports and are not what we run).
+# (they would grab the default sockets/ports and are not what we run). One install at
+# a time on the machine (a lock of our own, then apt's own lock waited for): two beds
+# that start together on a fresh machine would otherwise both run apt-get, and the
+# second fail at once on dpkg's lock (seen: etcd-server).
 ensure_packages() {
-    local missing=() p
-    for p in "$@"; do
-        packages_installed "$p" || missing+=("$p")
-    done
-    [[ ${#missing[@]} -eq 0 ]] && return 0
-    [[ "$(id -u)" == 0 ]] || die "need root to install: ${missing[*]}"
-    apt_update_once
-    log "apt-get install ${missing[*]}"
-    local prc=/usr/sbin/policy-rc.d backup=""
-    if [[ -e "$prc" ]]; then
-        backup="$(mktemp)"
-        cp -a "$prc" "$backup"
-    fi
-    printf '#!/bin/sh\n# temporary, written by autonomic testbed\nexit 101\n' >"$prc"
-    chmod 0755 "$prc"
-    local rc=0
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        "${missing[@]}" >&2 || rc=$?
-    if [[ -n "$backup" ]]; then
-        mv -f "$backup" "$prc"
-    else
-        rm -f "$prc"
-    fi
-    [[ $rc -eq 0 ]] || die "apt-get install failed (rc=$rc)"
+    packages_installed "$@" && return 0
+    [[ "$(id -u)" == 0 ]] || die "need root to install: $*"
+    (
+        exec 7>/var/lock/autonomic-testbed-apt.lock
+        flock 7
+        local missing=() p
+        for p in "$@"; do
+            packages_installed "$p" || missing+=("$p")
+        done
+        [[ ${#missing[@]} -eq 0 ]] && exit 0
+        apt_update_once
+        log "apt-get install ${missing[*]}"
+        local prc=/usr/sbin/policy-rc.d backup=""
+        if [[ -e "$prc" ]]; then
+            backup="$(mktemp)"
+            cp -a "$prc" "$backup"
+        fi
+        printf '#!/bin/sh\n# temporary, written by autonomic testbed\nexit 101\n' >"$prc"
+        chmod 0755 "$prc"
+        local rc=0
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+            --no-install-recommends "${missing[@]}" >&2 || rc=$?
+        if [[ -n "$backup" ]]; then
+            mv -f "$backup" "$prc"
+        else
+            rm -f "$prc"
+        fi
+        [[ $rc -eq 0 ]] || die "apt-get install failed (rc=$rc)"
+    )
 }
 
 # apt-get source needs a deb-src entry; the image only has binary entries.
@@ -121,6 +132,30 @@ k8s_binaries_present() {
     for b in "${K8S_BINARIES[@]}" "$@"; do
         k8s_binary_current "$b" || return 1
     done
+}
+
+# fill_once PATH CMD...: makes the cache entry PATH (a file or a folder) once, safe
+# under concurrent first use. CMD is run with one more argument, a fresh temporary path
+# beside PATH, and must create that path; on success it is renamed to PATH in one step.
+# CMD runs under errexit, so call fill_once as a plain command, not in a condition (bash
+# ignores errexit there), or a failing step would go unnoticed. Under PATH's lock, so a second caller waits for the first one's result and reuses it;
+# nobody ever sees, or removes, a half-written entry; what a killed writer left behind
+# (PATH.tmp.*) is removed by the next writer, which holds the lock.
+fill_once() {
+    local path="$1"
+    shift
+    [[ -e "$path" ]] && return 0
+    mkdir -p "$(dirname "$path")"
+    (
+        exec 8>"${path}.lock"
+        flock 8
+        [[ -e "$path" ]] && exit 0
+        rm -rf "${path}".tmp.*
+        local tmp="${path}.tmp.$BASHPID"
+        "$@" "$tmp"
+        [[ -e "$tmp" ]] || die "$1 made nothing"
+        mv -T "$tmp" "$path"
+    )
 }
 
 # Seconds since the epoch with millisecond precision, for timings.

@@ -61,8 +61,9 @@ pub struct OwnBed {
     /// The port of the bed's kube-apiserver (the one `restart_apiserver` restarts).
     pub port: u16,
     env: Vec<(&'static str, String)>,
-    /// Released after `down` (fields drop after `Drop::drop`).
-    _turn: std::sync::MutexGuard<'static, ()>,
+    /// Released after `down` (fields drop after `Drop::drop`); none for a bed that may
+    /// not become the process's default ([`OwnBed::up_with_cache`]).
+    _turn: Option<std::sync::MutexGuard<'static, ()>>,
 }
 
 impl OwnBed {
@@ -70,23 +71,52 @@ impl OwnBed {
     pub fn up(apiserver_args: &str) -> OwnBed {
         // A test that failed while holding it poisoned it; the next may still run.
         let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        Self::start(apiserver_args, Some(turn), vec![])
+    }
+
+    /// A bed whose build, image and PKI cache is `cache` (`AUTONOMIC_TESTBED_CACHE`),
+    /// not yet up: [`bring_up`](Self::bring_up) starts it, from any thread, so that
+    /// several start at once. None may be [`make_default`](Self::make_default)'s.
+    pub fn with_cache(cache: &Path) -> OwnBed {
+        let cache = ("AUTONOMIC_TESTBED_CACHE", cache.display().to_string());
+        Self::new("", None, vec![cache])
+    }
+
+    /// `cluster.sh up --apiserver-only`: returns once the API server answers.
+    pub fn bring_up(&self) {
+        self.ok(&["up", "--apiserver-only"]);
+    }
+
+    fn start(
+        apiserver_args: &str,
+        turn: Option<std::sync::MutexGuard<'static, ()>>,
+        env: Vec<(&'static str, String)>,
+    ) -> OwnBed {
+        let bed = Self::new(apiserver_args, turn, env);
+        bed.bring_up();
+        bed
+    }
+
+    fn new(
+        apiserver_args: &str,
+        turn: Option<std::sync::MutexGuard<'static, ()>>,
+        mut env: Vec<(&'static str, String)>,
+    ) -> OwnBed {
         let (port, etcd, peer) = (free_port(), free_port(), free_port());
         let dir = format!("/tmp/autonomic-own-bed-{port}");
-        let env = vec![
+        env.extend([
             ("AUTONOMIC_TESTBED_DIR", dir.clone()),
             ("AUTONOMIC_TESTBED_APISERVER_PORT", port.to_string()),
             ("AUTONOMIC_TESTBED_ETCD_PORT", etcd.to_string()),
             ("AUTONOMIC_TESTBED_ETCD_PEER_PORT", peer.to_string()),
             ("AUTONOMIC_TESTBED_APISERVER_ARGS", apiserver_args.into()),
-        ];
-        let bed = OwnBed {
+        ]);
+        OwnBed {
             dir,
             port,
             env,
             _turn: turn,
-        };
-        bed.ok(&["up", "--apiserver-only"]);
-        bed
+        }
     }
 
     fn cluster(&self, args: &[&str]) -> Output {
@@ -125,6 +155,7 @@ impl OwnBed {
     /// bed's, or a copy from [`kubeconfig_on`](Self::kubeconfig_on)) and the
     /// apiserver-only mode (no ServiceAccount controller to wait for).
     pub fn make_default(&self, kubeconfig: &Path) {
+        assert!(self._turn.is_some(), "a bed of with_cache is no default");
         // SAFETY: called first thing in a test, before its threads (the fake control
         // plane's, kube's) exist; nextest runs each test in a process of its own, and
         // under `cargo test` the bed's turn keeps the other tests with a bed waiting.
