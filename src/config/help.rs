@@ -143,6 +143,11 @@ pub const ENV_VARS: &[EnvVar] = &[
         "text, or json (one object a line)",
     ),
     env(
+        "AUTONOMIC_POD_SECURITY",
+        "restricted",
+        "Pod Security Standards level (restricted, baseline or privileged) of the pods the manager creates in a namespace without the label autonomic.sh/pod-security",
+    ),
+    env(
         "AUTONOMIC_MAX_SESSIONS",
         "16",
         "concurrent shell sessions on one connection",

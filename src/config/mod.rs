@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 
+use crate::crd::PodSecurityLevel;
 use crate::egress::{NoProxy, Proxy};
 
 mod help;
@@ -117,6 +118,10 @@ pub struct Config {
     /// Agents whose pods are recreated at once when the pod they should have changes
     /// (a Runtime edit, a new default agentlet image); at least 1.
     pub roll_max: usize,
+    /// `AUTONOMIC_POD_SECURITY`: the Pod Security Standards level of the pods the
+    /// manager creates in a namespace without the label `autonomic.sh/pod-security`
+    /// (TRUST.md §1).
+    pub pod_security: PodSecurityLevel,
 }
 
 /// The default of `AUTONOMIC_ROLL_MAX`: ten Agents out of service at once is a small
@@ -279,6 +284,13 @@ impl Config {
                 });
             }
         }
+        let pod_security = match var("AUTONOMIC_POD_SECURITY") {
+            None => PodSecurityLevel::default(),
+            Some(v) => PodSecurityLevel::parse(v.trim()).ok_or_else(|| ConfigError::Invalid {
+                var: "AUTONOMIC_POD_SECURITY",
+                reason: format!("expected restricted, baseline or privileged, got {v:?}"),
+            })?,
+        };
         let backoff_initial = Duration::from_millis(number("AUTONOMIC_BACKOFF_INITIAL_MS", 1000)?);
         let backoff_max = Duration::from_millis(number("AUTONOMIC_BACKOFF_MAX_MS", 60_000)?);
         if backoff_initial.is_zero() || backoff_max < backoff_initial {
@@ -334,6 +346,7 @@ impl Config {
                 }
                 n => n.min(100_000) as usize,
             },
+            pod_security,
         })
     }
 
@@ -465,6 +478,23 @@ mod tests {
     }
 
     #[test]
+    fn pod_security_is_restricted_unless_set() {
+        assert_eq!(
+            parse(&[]).unwrap().pod_security,
+            PodSecurityLevel::Restricted
+        );
+        for level in PodSecurityLevel::ALL {
+            let c = parse(&[("AUTONOMIC_POD_SECURITY", &format!(" {level} "))]).unwrap();
+            assert_eq!(c.pod_security, level);
+        }
+        let err = parse(&[("AUTONOMIC_POD_SECURITY", "none")]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "AUTONOMIC_POD_SECURITY: expected restricted, baseline or privileged, got \"none\""
+        );
+    }
+
+    #[test]
     fn cluster_id_is_read_from_the_cluster_unless_set() {
         let c = parse(&[("POD_NAMESPACE", "autonomic-system"), ("HOSTNAME", "m-1")]).unwrap();
         assert_eq!(c.cluster_id, None);
@@ -519,6 +549,14 @@ mod tests {
             (
                 &[("AUTONOMIC_LEADER_ELECTION", "sometimes")],
                 "AUTONOMIC_LEADER_ELECTION",
+            ),
+            (
+                &[("AUTONOMIC_POD_SECURITY", "strict")],
+                "AUTONOMIC_POD_SECURITY",
+            ),
+            (
+                &[("AUTONOMIC_POD_SECURITY", "Restricted")],
+                "AUTONOMIC_POD_SECURITY",
             ),
         ];
         for (vars, needle) in cases {

@@ -2,12 +2,14 @@
 
 mod agent;
 mod memory;
+mod podsecurity;
 mod reason;
 mod runtime;
 mod tool;
 
 pub use agent::*;
 pub use memory::*;
+pub use podsecurity::{POD_SECURITY_LABEL, PodSecurityLevel};
 pub use reason::Reason;
 pub use runtime::*;
 pub use tool::*;

@@ -78,6 +78,9 @@ pub enum Reason {
     /// The pod's name is the one another custom resource's pod has (an Agent `x-tool`
     /// and a Tool `x`): whoever has it keeps it.
     PodNameTaken,
+    /// The pod would break the Pod Security Standards level of its namespace
+    /// (TRUST.md §1): not created; the message names the container and the field.
+    PodSecurityViolation,
     // A container's waiting reason, as the kubelet says it.
     ImagePullBackOff,
     ErrImagePull,
@@ -93,7 +96,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for the documentation test.
-    pub const ALL: [Reason; 44] = {
+    pub const ALL: [Reason; 45] = {
         use Reason::*;
         [
             Running,
@@ -132,6 +135,7 @@ impl Reason {
             SecretRejected,
             ServiceRejected,
             PodNameTaken,
+            PodSecurityViolation,
             ImagePullBackOff,
             ErrImagePull,
             InvalidImageName,
@@ -182,6 +186,7 @@ impl Reason {
             SecretRejected => "SecretRejected",
             ServiceRejected => "ServiceRejected",
             PodNameTaken => "PodNameTaken",
+            PodSecurityViolation => "PodSecurityViolation",
             ImagePullBackOff => "ImagePullBackOff",
             ErrImagePull => "ErrImagePull",
             InvalidImageName => "InvalidImageName",

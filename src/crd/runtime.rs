@@ -44,9 +44,13 @@ pub struct RuntimeSpec {
     pub resources: Option<ResourceRequirements>,
     /// The runtime container's securityContext. Unset, the manager applies the
     /// restricted Pod Security Standard (non-root uid 65532, no privilege escalation, all
-    /// capabilities dropped, seccomp `RuntimeDefault`); set, this replaces it whole. Only
-    /// for images that truly need more: a namespace that enforces the restricted
-    /// standard refuses such pods.
+    /// capabilities dropped, seccomp `RuntimeDefault`). Set, under the namespace's level
+    /// `restricted` (the default; the level is the namespace label
+    /// `autonomic.sh/pod-security`, else the manager's `AUTONOMIC_POD_SECURITY`) it is
+    /// merged over those values field by field; under `baseline` or `privileged` it is
+    /// used as written. A field the level does not allow (`privileged`, `runAsUser: 0`
+    /// under `restricted`, an added capability...) gets the Agent no pod: `Error`, reason
+    /// `PodSecurityViolation`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<SecurityContext>,
 }

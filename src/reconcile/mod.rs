@@ -6,6 +6,7 @@ pub mod agent;
 pub mod common;
 pub mod demand;
 pub mod memory;
+pub mod podsecurity;
 pub mod problem;
 pub mod queue;
 pub mod roll;
@@ -72,6 +73,15 @@ impl Context {
     /// argument, so their tests set it.
     pub fn now(&self) -> k8s_openapi::jiff::Timestamp {
         k8s_openapi::jiff::Timestamp::now()
+    }
+
+    /// The Pod Security Standards level of the pods made in namespace `ns` (TRUST.md §1):
+    /// the namespace's label `autonomic.sh/pod-security` when it names a level, else
+    /// `AUTONOMIC_POD_SECURITY`. The store holds no namespaces, so no label is read
+    /// here and every namespace has the configured level; a cache of namespaces gives
+    /// its labels to `of_namespace` in place of `None`.
+    pub fn pod_security(&self, _ns: &str) -> podsecurity::Level {
+        podsecurity::Level::of_namespace(None, self.config.pod_security)
     }
 
     /// Queues the custom resources a watched object's change concerns.

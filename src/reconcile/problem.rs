@@ -3,6 +3,7 @@
 //! the `Ready` condition's (and the Event's) reason. Transient failures (the API server
 //! unreachable) are not here: they are `crate::Error` and retried.
 
+use super::podsecurity::Violation;
 use crate::cluster::Refused;
 use crate::crd::{Kind, Reason};
 use crate::store::{PodView, controller_of};
@@ -60,6 +61,9 @@ pub enum Problem {
         holder_kind: Kind,
         holder: String,
     },
+    /// TRUST.md §1: the pod would break its namespace's Pod Security Standards level.
+    #[error(transparent)]
+    PodSecurity(#[from] Violation),
     /// A write the API server refused, or a same-named child that is not ours.
     #[error(transparent)]
     Refused(#[from] Refused),
@@ -82,6 +86,7 @@ impl Problem {
             SecretKeyMissing { .. } | SecretNotText { .. } => Reason::SecretInvalid,
             PodNotOwned { .. } => Reason::PodNotOwned,
             PodNameTaken { .. } => Reason::PodNameTaken,
+            PodSecurity(_) => Reason::PodSecurityViolation,
             Refused(r) => refused_reason(r),
         }
     }
@@ -223,6 +228,18 @@ mod tests {
                 },
                 "pod \"x-tool\" belongs to Tool \"x\"",
                 Reason::PodNameTaken,
+            ),
+            (
+                Violation {
+                    rule: "privileged",
+                    level: crate::crd::PodSecurityLevel::Restricted,
+                    place: super::super::podsecurity::Place::Container(s("runtime")),
+                    field: s("securityContext.privileged=true"),
+                    must: None,
+                }
+                .into(),
+                "container \"runtime\": securityContext.privileged=true is not allowed under restricted",
+                Reason::PodSecurityViolation,
             ),
             (
                 Refused::NotOurs {

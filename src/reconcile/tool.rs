@@ -18,6 +18,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
 use super::common::{self, Health};
+use super::podsecurity::{self, Level};
 use super::problem::{self, Problem};
 use super::{Context, Outcome, demand};
 use crate::Error;
@@ -214,7 +215,29 @@ pub fn ceil_second(t: Timestamp) -> Timestamp {
 /// Unwanted, a running pod is kept `idleSeconds` after the last user left (from
 /// `demand.idle_since`, or from now when none is recorded), then deleted; a Tool with
 /// neither users nor pod is `Pending` with the message [`IDLE`].
-pub fn plan(tool: &Tool, current: Option<&PodView>, demand: Demand, now: Timestamp) -> Plan {
+///
+/// A pod that would break the namespace's Pod Security Standards `level` (TRUST.md §1)
+/// is not created, and the Tool is `Error`: as for an invalid spec, the pod it has is
+/// left as it is until the spec changes.
+pub fn plan(
+    tool: &Tool,
+    current: Option<&PodView>,
+    demand: Demand,
+    now: Timestamp,
+    level: Level,
+) -> Plan {
+    decide(tool, &desired_pod(tool), current, demand, now, level)
+}
+
+/// [`plan`] with the pod the Tool should have, `desired`, built.
+fn decide(
+    tool: &Tool,
+    desired: &Pod,
+    current: Option<&PodView>,
+    demand: Demand,
+    now: Timestamp,
+    level: Level,
+) -> Plan {
     use PodAction::*;
     use ToolPhase::*;
     if tool.metadata.deletion_timestamp.is_some() {
@@ -223,11 +246,13 @@ pub fn plan(tool: &Tool, current: Option<&PodView>, demand: Demand, now: Timesta
     if let Err(why) = validate(tool) {
         return problem(&why);
     }
+    if let Err(violation) = podsecurity::check(level, desired) {
+        return problem(&violation.into());
+    }
     let live = current.filter(|p| p.metadata.deletion_timestamp.is_none());
     // The pod was built from another spec than the Tool's now.
-    let stale = current.is_some_and(|p| {
-        p.spec_hash.as_deref() != common::pod_spec_hash(&desired_pod(tool).metadata)
-    });
+    let stale =
+        current.is_some_and(|p| p.spec_hash.as_deref() != common::pod_spec_hash(&desired.metadata));
     if tool.spec.disabled {
         return plan_of(
             if live.is_some() { Delete } else { Keep },
@@ -313,7 +338,8 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
         idle_since: ctx.demand.idle_since(&tool).unwrap_or(recorded),
     };
     let now = ctx.now();
-    let mut plan = plan(&tool, current.as_deref(), demand, now);
+    let level = ctx.pod_security(&ns);
+    let mut plan = plan(&tool, current.as_deref(), demand, now, level);
     let mut requeue = None;
     // The Service exists whether or not the pod runs.
     if tool.metadata.deletion_timestamp.is_none()
@@ -514,7 +540,7 @@ mod tests {
                 users,
                 idle_since: since.map(at),
             };
-            let p = plan(t, current, demand, now);
+            let p = plan(t, current, demand, now, Level::Restricted);
             assert_eq!(
                 (p.action, p.phase, p.idle_since),
                 (action, phase, recorded.map(at)),
@@ -531,6 +557,7 @@ mod tests {
                 idle_since: None,
             },
             at(0),
+            Level::Restricted,
         );
         assert_eq!(idle.message, IDLE);
     }
@@ -570,9 +597,50 @@ mod tests {
             (&invalid, None, 1, Reason::NoImage),
         ];
         for (i, (t, current, users, want)) in cases.into_iter().enumerate() {
-            let p = plan(t, current, demand(users), at(0));
+            let p = plan(t, current, demand(users), at(0), Level::Restricted);
             assert_eq!(p.reason, want, "case {i}: {p:?}");
         }
+    }
+
+    /// TRUST.md §1: a Tool's pod passes every level; one that would not (no Tool field
+    /// reaches a host namespace today, so the pod is built by hand) is not created, and a
+    /// pod the Tool has stays, even one built from another spec.
+    #[test]
+    fn a_pod_that_breaks_the_level_is_not_made() {
+        let t = tool("search", 8080);
+        for level in Level::ALL {
+            assert_eq!(
+                podsecurity::check(level, &desired_pod(&t)),
+                Ok(()),
+                "{level}"
+            );
+        }
+        let mut bad = desired_pod(&t);
+        bad.spec.as_mut().unwrap().host_network = Some(true);
+        let want = |users| Demand {
+            users,
+            idle_since: None,
+        };
+        let ready = pod(&t, READY);
+        for current in [None, Some(&ready)] {
+            let p = decide(&t, &bad, current, want(1), at(0), Level::Baseline);
+            assert_eq!(
+                (p.action, p.phase, p.reason),
+                (
+                    PodAction::Keep,
+                    ToolPhase::Error,
+                    Reason::PodSecurityViolation
+                ),
+                "{current:?}"
+            );
+            assert_eq!(
+                p.message,
+                "pod: spec.hostNetwork=true is not allowed under baseline"
+            );
+        }
+        // The admin's `privileged`: made.
+        let p = decide(&t, &bad, None, want(1), at(0), Level::Privileged);
+        assert_eq!(p.action, PodAction::Create);
     }
 
     #[test]

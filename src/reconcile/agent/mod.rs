@@ -22,7 +22,7 @@ use crate::store::PodView;
 
 mod pod;
 
-pub use pod::{AgentletDefaults, desired_pod, desired_secret, secret_name};
+pub use pod::{AgentletDefaults, admitted_pod, desired_pod, desired_secret, secret_name};
 
 /// What the Agent references, looked up.
 pub struct Refs {
@@ -282,12 +282,13 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
     let ns = agent.namespace().unwrap_or_default();
     let name = agent.name_any();
     let refs = resolve(&agent, ctx);
+    let level = ctx.pod_security(&ns);
     let desired = refs.as_ref().map_err(Clone::clone).and_then(|r| {
         let agentlet = AgentletDefaults {
             image: ctx.config.agentlet_image.as_deref(),
             resources: &ctx.config.agentlet_resources,
         };
-        desired_pod(&agent, r.runtime.as_deref(), &agentlet)
+        admitted_pod(&agent, r.runtime.as_deref(), &agentlet, level)
     });
     let mut refused = None;
     if let Ok(refs) = &refs
@@ -609,6 +610,40 @@ mod tests {
         let evicted = owned_pod(&never, "{phase: Failed, reason: Evicted}");
         let p = plan(&evicted_never, &d_never(&never), Some(&evicted));
         assert_eq!((p.phase, p.reason), (Failed, Reason::Evicted));
+    }
+
+    /// TRUST.md §1: a template that breaks the level gives no pod and `Error`
+    /// `PodSecurityViolation` naming the container and the field; a pod the Agent has
+    /// is left as it is (not recreated from the new spec, not deleted).
+    #[test]
+    fn a_pod_that_breaks_the_level_is_not_made_and_a_running_one_stays() {
+        use crate::reconcile::podsecurity::Level;
+        let rt: Runtime = serde_saphyr::from_str(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Runtime, metadata: {name: rt, namespace: team-a}, spec: {image: 'rt:1', securityContext: {privileged: true}}}",
+        )
+        .unwrap();
+        let a = agent(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: triage, namespace: team-a}, spec: {runtime: {ref: rt}}}",
+        );
+        let d = admitted_pod(&a, Some(&rt), &al(Some("agentlet:1")), Level::Restricted);
+        let running = owned_pod(
+            &agent(BASE),
+            "{phase: Running, containerStatuses: [{name: a, ready: true, restartCount: 0, image: i, imageID: ''}]}",
+        );
+        for current in [None, Some(&running)] {
+            assert_eq!(
+                plan(&a, &d, current),
+                Plan {
+                    action: PodAction::Keep,
+                    phase: AgentPhase::Error,
+                    reason: Reason::PodSecurityViolation,
+                    message: "container \"runtime\": securityContext.privileged=true is not allowed under restricted".into()
+                }
+            );
+        }
+        // Where the admin allows it, the same Agent gets its pod.
+        let d = admitted_pod(&a, Some(&rt), &al(Some("agentlet:1")), Level::Privileged);
+        assert_eq!(plan(&a, &d, None).action, PodAction::Create);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use serde_json::json;
 use super::Refs;
 use crate::crd::{Agent, Kind, Runtime};
 use crate::reconcile::common;
+use crate::reconcile::podsecurity::{self, Level};
 use crate::reconcile::problem::Problem;
 
 pub const CONFIG_MOUNT: &str = "/var/run/autonomic";
@@ -27,11 +28,36 @@ pub struct AgentletDefaults<'a> {
     pub resources: &'a ResourceRequirements,
 }
 
-/// The pod the Agent should have, with its spec hash annotation.
+/// The pod the Agent should have in a namespace of level `level`, with its spec hash
+/// annotation, or why it cannot have one: among the reasons, a template that breaks the
+/// level (TRUST.md §1), which no pod is created for.
+pub fn admitted_pod(
+    agent: &Agent,
+    runtime: Option<&Runtime>,
+    agentlet: &AgentletDefaults,
+    level: Level,
+) -> Result<Pod, Problem> {
+    let pod = build(agent, runtime, agentlet, level)?;
+    podsecurity::check(level, &pod)?;
+    Ok(pod)
+}
+
+/// The pod the Agent would have at the default level (`restricted`), not checked
+/// against it: what [`admitted_pod`] builds there before its check (the tests that
+/// submit the manager's pods to a real admission controller build them here).
 pub fn desired_pod(
     agent: &Agent,
     runtime: Option<&Runtime>,
     agentlet: &AgentletDefaults,
+) -> Result<Pod, Problem> {
+    build(agent, runtime, agentlet, Level::Restricted)
+}
+
+fn build(
+    agent: &Agent,
+    runtime: Option<&Runtime>,
+    agentlet: &AgentletDefaults,
+    level: Level,
 ) -> Result<Pod, Problem> {
     let default_agentlet = agentlet.image;
     let name = agent.name_any();
@@ -86,10 +112,11 @@ pub fn desired_pod(
             .clone()
             .or_else(|| tpl.and_then(|t| t.resources.clone())),
         volume_mounts: Some(vec![mount.clone()]),
-        security_context: Some(
-            tpl.and_then(|t| t.security_context.clone())
-                .unwrap_or_else(common::restricted_security),
-        ),
+        // Merged over the restricted defaults under `restricted`, never swapped for them.
+        security_context: Some(podsecurity::merge_defaults(
+            level,
+            tpl.and_then(|t| t.security_context.clone()),
+        )),
         ..Default::default()
     };
     let field_env = |name: &str, path: &str| EnvVar {
@@ -185,6 +212,7 @@ mod tests {
     use super::*;
     use crate::crd::Reason;
     use crate::reconcile::agent::tests::{BASE, agent, al};
+    use k8s_openapi::api::core::v1::SecurityContext;
 
     #[test]
     fn pod_has_both_containers_labels_owner_and_config_mount() {
@@ -217,7 +245,7 @@ mod tests {
     }
 
     #[test]
-    fn containers_are_restricted_unless_the_runtime_asks_for_more() {
+    fn containers_are_restricted_without_a_template() {
         let a = agent(BASE);
         let p = desired_pod(&a, None, &al(Some("agentlet:1"))).unwrap();
         for c in p.spec.as_ref().unwrap().containers.iter() {
@@ -234,21 +262,83 @@ mod tests {
         let r = agentlet.resources.as_ref().unwrap();
         assert!(r.requests.as_ref().unwrap().contains_key("memory"));
         assert!(r.limits.as_ref().unwrap().contains_key("memory"));
-        // A Runtime that needs root says so explicitly; only its container changes.
-        let rt: Runtime = serde_saphyr::from_str(
-            "{apiVersion: autonomic.sh/v1alpha1, kind: Runtime, metadata: {name: root}, spec: {image: 'legacy:1', securityContext: {runAsUser: 0}}}",
+        // The pod passes every level, the same at each (no roll when a level changes).
+        for level in Level::ALL {
+            let at = admitted_pod(&a, None, &al(Some("agentlet:1")), level).unwrap();
+            assert_eq!(at, p, "{level}");
+        }
+    }
+
+    fn runtime(security_context: &str) -> Runtime {
+        serde_saphyr::from_str(&format!(
+            "{{apiVersion: autonomic.sh/v1alpha1, kind: Runtime, metadata: {{name: rt}}, spec: {{image: 'legacy:1', securityContext: {security_context}}}}}"
+        ))
+        .unwrap()
+    }
+
+    fn using_rt() -> Agent {
+        agent(
+            "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: x, namespace: n}, spec: {runtime: {ref: rt}}}",
         )
-        .unwrap();
-        let a = agent(
-            "{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {name: x, namespace: n}, spec: {runtime: {ref: root}}}",
+    }
+
+    /// The runtime container's and the agentlet's securityContext.
+    fn contexts(p: &Pod) -> (SecurityContext, SecurityContext) {
+        let spec = p.spec.as_ref().unwrap();
+        let sc = |i: usize| spec.containers[i].security_context.clone().unwrap();
+        (sc(1), sc(0))
+    }
+
+    #[test]
+    fn a_template_is_merged_over_the_restricted_defaults() {
+        let rt = runtime("{runAsUser: 1000}");
+        let p = admitted_pod(&using_rt(), Some(&rt), &al(Some("al")), Level::Restricted).unwrap();
+        let (runtime, agentlet) = contexts(&p);
+        assert_eq!(
+            runtime,
+            SecurityContext {
+                run_as_user: Some(1000),
+                ..common::restricted_security()
+            }
         );
-        let p = desired_pod(&a, Some(&rt), &al(Some("al"))).unwrap();
-        let spec = p.spec.unwrap();
-        let runtime = spec.containers[1].security_context.as_ref().unwrap();
-        assert_eq!(runtime.run_as_user, Some(0));
-        assert_eq!(runtime.run_as_non_root, None);
-        let agentlet = spec.containers[0].security_context.as_ref().unwrap();
-        assert_eq!(agentlet.run_as_user, Some(65532));
+        assert_eq!(agentlet, common::restricted_security());
+    }
+
+    #[test]
+    fn a_template_that_breaks_the_level_gets_no_pod() {
+        let agent = using_rt();
+        let build =
+            |sc: &str, level| admitted_pod(&agent, Some(&runtime(sc)), &al(Some("al")), level);
+        let err = build("{privileged: true}", Level::Restricted).unwrap_err();
+        assert_eq!(err.reason(), Reason::PodSecurityViolation);
+        assert_eq!(
+            err.to_string(),
+            "container \"runtime\": securityContext.privileged=true is not allowed under restricted"
+        );
+        let err = build("{privileged: true}", Level::Baseline).unwrap_err();
+        assert!(err.to_string().ends_with("under baseline"), "{err}");
+        assert!(build("{privileged: true}", Level::Privileged).is_ok());
+        // Root: refused under restricted; under baseline the template stands as written
+        // (nothing forces runAsNonRoot on a container that asks for uid 0).
+        let err = build("{runAsUser: 0}", Level::Restricted).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "container \"runtime\": securityContext.runAsUser=0 is not allowed under restricted"
+        );
+        let (root, agentlet) = contexts(&build("{runAsUser: 0}", Level::Baseline).unwrap());
+        assert_eq!((root.run_as_user, root.run_as_non_root), (Some(0), None));
+        assert_eq!(agentlet, common::restricted_security());
+        // Unset by the template, escalation is refused; set, it is kept and refused.
+        let err = build("{allowPrivilegeEscalation: true}", Level::Restricted).unwrap_err();
+        assert!(
+            err.to_string().contains("allowPrivilegeEscalation=true"),
+            "{err}"
+        );
+        let err = build("{capabilities: {add: [SYS_ADMIN]}}", Level::Baseline).unwrap_err();
+        assert!(
+            err.to_string().contains("capabilities.add=[SYS_ADMIN]"),
+            "{err}"
+        );
     }
 
     #[test]
