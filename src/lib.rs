@@ -139,13 +139,14 @@ async fn elect(elector: &mut Option<leader::Elector>, leading: bool) -> Option<l
 /// Runs the manager until `shutdown` completes or a critical task ends: builds the
 /// Kubernetes client (kubeconfig or in-cluster) and binds the probe address, then
 /// [`serve`]s.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+pub async fn run(mut config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     let mut kube_config = kube::Config::infer()
         .await
         .map_err(|e| Error::KubeConfig(e.to_string()))?;
     // HTTPS_PROXY is the control plane's egress (PROTOCOL.md §1), not the API server's:
     // kube's kubeconfig loader would apply it to the API server too (in-cluster it does not).
     kube_config.proxy_url = None;
+    config.own_service_account = cluster::service_account(&kube_config);
     let client =
         kube::Client::try_from(kube_config).map_err(|e| Error::KubeConfig(e.to_string()))?;
     let listener = tokio::net::TcpListener::bind(config.probe_addr)

@@ -174,7 +174,8 @@ async fn memory_secret_from_url_or_secret_ref() {
     assert_eq!(s.labels()["autonomic.sh/memory"], "cache");
     assert_eq!(s.owner_references()[0].uid, m.metadata.uid.unwrap());
 
-    // secretRef: Pending while the Secret is missing, Bound once it appears.
+    // secretRef: Pending while the Secret is missing, Bound once it appears offered to
+    // agents (TRUST.md §2; tests/trust.rs has the Secret that is not offered).
     let m: Memory = yaml(
         "apiVersion: autonomic.sh/v1alpha1\nkind: Memory\nmetadata: {name: db}\nspec: {backend: postgres, secretRef: {name: db-creds, key: url}}",
     );
@@ -185,7 +186,7 @@ async fn memory_secret_from_url_or_secret_ref() {
     .await;
     assert!(m.status.unwrap().message.unwrap().contains("db-creds"));
     let creds: Secret = yaml(
-        "apiVersion: v1\nkind: Secret\nmetadata: {name: db-creds}\nstringData: {url: 'postgres://db:5432/x'}",
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: db-creds, labels: {autonomic.sh/agents: allowed}}\nstringData: {url: 'postgres://db:5432/x'}",
     );
     secrets
         .create(&PostParams::default(), &creds)

@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use super::rbac::rbac;
 use super::{Line, Report, STEP_TIMEOUT};
+use crate::cluster::service_account;
 use crate::config::Config;
 use crate::crd::{self, API_VERSION};
 
@@ -127,52 +128,6 @@ async fn identity() -> Result<(kube::Config, String), String> {
             "no kubeconfig ({kubeconfig_err}) and not in a pod ({e})"
         )),
     }
-}
-
-/// `namespace/name` of the ServiceAccount whose token `config` carries (its JWT's `sub`,
-/// `system:serviceaccount:<namespace>:<name>`); `None` for any other credential.
-fn service_account(config: &kube::Config) -> Option<String> {
-    // The token is a `SecretString`; its serialized form is the one place kube shows it.
-    let auth = serde_json::to_value(&config.auth_info).ok()?;
-    let token = match (auth["token"].as_str(), auth["tokenFile"].as_str()) {
-        (Some(t), _) => t.to_owned(),
-        (None, Some(file)) => std::fs::read_to_string(file).ok()?,
-        (None, None) => return None,
-    };
-    service_account_of(token.trim())
-}
-
-fn service_account_of(jwt: &str) -> Option<String> {
-    let payload = jwt.split('.').nth(1)?;
-    let claims: Value = serde_json::from_slice(&base64url_decode(payload)?).ok()?;
-    let sub = claims["sub"].as_str()?;
-    let (ns, name) = sub
-        .strip_prefix("system:serviceaccount:")?
-        .split_once(':')?;
-    Some(format!("{ns}/{name}"))
-}
-
-/// RFC 4648 §5, padding optional.
-fn base64url_decode(s: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0);
-    for c in s.trim_end_matches('=').bytes() {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'-' | b'+' => 62,
-            b'_' | b'/' => 63,
-            _ => return None,
-        };
-        acc = (acc << 6) | u32::from(v);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    Some(out)
 }
 
 const CRDS_FIX: &str =
@@ -352,31 +307,6 @@ async fn crds_discovered(client: &kube::Client, plurals: &[String]) -> Line {
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[test]
-    fn service_accounts_are_read_from_the_token() {
-        // {"alg":"none"} . {"sub":"system:serviceaccount:autonomic-system:autonomic-manager"}
-        let claims =
-            r#"{"iss":"k","sub":"system:serviceaccount:autonomic-system:autonomic-manager"}"#;
-        let b64 = |s: &str| {
-            crate::egress::base64(s.as_bytes())
-                .replace('+', "-")
-                .replace('/', "_")
-                .trim_end_matches('=')
-                .to_owned()
-        };
-        let jwt = format!("{}.{}.sig", b64(r#"{"alg":"none"}"#), b64(claims));
-        assert_eq!(
-            service_account_of(&jwt).as_deref(),
-            Some("autonomic-system/autonomic-manager")
-        );
-        let user = format!("x.{}.y", b64(r#"{"sub":"alice"}"#));
-        assert_eq!(service_account_of(&user), None);
-        assert_eq!(service_account_of("not a jwt"), None);
-        assert_eq!(base64url_decode("Zm9vYmFy").unwrap(), b"foobar");
-        assert_eq!(base64url_decode("Zm9vYg").unwrap(), b"foob");
-        assert_eq!(base64url_decode("__79").unwrap(), [0xff, 0xfe, 0xfd]);
-    }
-
     #[test]
     fn the_schema_paths_of_a_crd_are_its_fields() {
         let crd = crd::crds().remove(0);

@@ -77,6 +77,7 @@ pub const RULES: &[Rule] = &[
         &["secrets"],
         &["get", "list", "watch", "create", "patch"],
     ),
+    rule("", &["serviceaccounts"], &["list", "watch"]),
     rule("events.k8s.io", &["events"], &["create", "patch"]),
     Rule {
         group: "events.k8s.io",
@@ -337,8 +338,8 @@ mod tests {
     #[test]
     fn permissions_follow_the_configuration() {
         let unmanaged = permissions(&config(&[("AUTONOMIC_NAMESPACES", "a,b")]));
-        // 39 workload permissions in each watched namespace, nothing else.
-        assert_eq!(unmanaged.len(), 78);
+        // 41 workload permissions in each watched namespace, nothing else.
+        assert_eq!(unmanaged.len(), 82);
         assert!(unmanaged.iter().all(|p| p.namespace.is_some()));
         let all = permissions(&config(&[
             ("AUTONOMIC_MANAGED", "true"),
@@ -348,7 +349,7 @@ mod tests {
             ("POD_UID", "u-1"),
         ]));
         // Workload, Lease (3), cluster id (1), link Events in the manager's namespace (2).
-        assert_eq!(all.len(), 39 + 3 + 1 + 2);
+        assert_eq!(all.len(), 41 + 3 + 1 + 2);
         assert!(all.contains(&Permission {
             namespace: Some("home".into()),
             verb: "create",
@@ -375,7 +376,7 @@ mod tests {
             ("AUTONOMIC_AUTH_TOKEN", "t"),
             ("AUTONOMIC_CLUSTER_ID", "prod"),
         ]));
-        assert_eq!(with_id.len(), 39, "outside a pod: no link Events");
+        assert_eq!(with_id.len(), 41, "outside a pod: no link Events");
         let a = attributes(&Permission {
             namespace: Some("x".into()),
             verb: "create",

@@ -24,6 +24,9 @@ use crate::crd::PhaseStatus;
 use crate::store::{PodView, SecretView, is_owned_by};
 
 mod events;
+mod identity;
+
+pub use identity::service_account;
 
 pub use events::phase_event;
 

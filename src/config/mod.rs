@@ -108,6 +108,10 @@ pub struct Config {
     /// Where the manager itself runs (downward API), for `hello` and the Lease.
     pub pod_namespace: String,
     pub pod_name: String,
+    /// `namespace/name` of the ServiceAccount the manager's credential names, never
+    /// lent to an Agent (TRUST.md §2). Not configuration: `run` reads it from the
+    /// credential (in-cluster token or kubeconfig); `None` for any other credential.
+    pub own_service_account: Option<String>,
     /// The manager's pod uid (downward API `metadata.uid`); empty outside a pod. Link
     /// Events are recorded on the pod only when it is known: `kubectl describe pod`
     /// finds Events by the pod's uid.
@@ -334,6 +338,7 @@ impl Config {
             log_format,
             pod_namespace,
             pod_name,
+            own_service_account: None,
             pod_uid: var("POD_UID").unwrap_or_default(),
             node_name: var("NODE_NAME").unwrap_or_default(),
             max_sessions: number("AUTONOMIC_MAX_SESSIONS", 16)? as usize,

@@ -44,7 +44,9 @@ pub enum Reason {
     Idle,
     /// Every container exited 0 (`restartPolicy` not `Always`).
     Completed,
-    /// Memory: the Secret its `secretRef` names does not exist (yet).
+    /// Memory: the Secret its `secretRef` names does not exist (yet). No longer set:
+    /// a missing Secret and one not offered now both give `SecretNotAllowed` (TRUST.md
+    /// §2); kept, as reasons are never removed.
     SecretNotFound,
     /// The object is being deleted (condition Unknown).
     Deleting,
@@ -81,6 +83,12 @@ pub enum Reason {
     /// The pod would break the Pod Security Standards level of its namespace
     /// (TRUST.md §1): not created; the message names the container and the field.
     PodSecurityViolation,
+    /// Agent: the ServiceAccount it names is not offered to agents (label
+    /// `autonomic.sh/agents: allowed`), or is the manager's own (TRUST.md §2).
+    ServiceAccountNotAllowed,
+    /// A Secret referenced (an env `secretKeyRef`, a Memory's `secretRef`) is missing or
+    /// not offered to agents: the same answer for both (TRUST.md §2).
+    SecretNotAllowed,
     // A container's waiting reason, as the kubelet says it.
     ImagePullBackOff,
     ErrImagePull,
@@ -96,7 +104,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for the documentation test.
-    pub const ALL: [Reason; 45] = {
+    pub const ALL: [Reason; 47] = {
         use Reason::*;
         [
             Running,
@@ -136,6 +144,8 @@ impl Reason {
             ServiceRejected,
             PodNameTaken,
             PodSecurityViolation,
+            ServiceAccountNotAllowed,
+            SecretNotAllowed,
             ImagePullBackOff,
             ErrImagePull,
             InvalidImageName,
@@ -187,6 +197,8 @@ impl Reason {
             ServiceRejected => "ServiceRejected",
             PodNameTaken => "PodNameTaken",
             PodSecurityViolation => "PodSecurityViolation",
+            ServiceAccountNotAllowed => "ServiceAccountNotAllowed",
+            SecretNotAllowed => "SecretNotAllowed",
             ImagePullBackOff => "ImagePullBackOff",
             ErrImagePull => "ErrImagePull",
             InvalidImageName => "InvalidImageName",

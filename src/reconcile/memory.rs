@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 
 use super::common;
+use super::offer;
 use super::problem::{self, Problem};
 use super::{Context, Outcome};
 use crate::Error;
@@ -19,20 +20,18 @@ pub fn secret_name(memory: &str) -> String {
     format!("{memory}-memory")
 }
 
-/// How long to wait before looking again for a referenced Secret that is missing; it is
-/// not ours, so no watch of ours sees it appear.
-const MISSING_SECRET_RECHECK: Duration = Duration::from_secs(5);
-
 /// Where the URL comes from, or why it cannot be had.
 #[derive(Debug, PartialEq)]
 pub enum Source {
     Url(String),
-    /// Waiting for this Secret to exist.
-    Pending(String),
+    /// Waiting for the Secret to exist, or to be offered to agents: one answer for both
+    /// (TRUST.md §2).
+    Pending(Problem),
     Invalid(Problem),
 }
 
-/// `secret` is the referenced Secret, when there is a `secretRef` and it exists.
+/// `secret` is the referenced Secret, when there is a `secretRef` and it exists and is
+/// offered to agents.
 pub fn source(memory: &Memory, secret: Option<&Secret>) -> Source {
     if let Err(e) = problem::check_label_value(Kind::Memory, &memory.name_any()) {
         return Source::Invalid(e);
@@ -44,7 +43,7 @@ pub fn source(memory: &Memory, secret: Option<&Secret>) -> Source {
         (Some(url), None) => Source::Url(url.clone()),
         (None, Some(r)) => {
             let Some(secret) = secret else {
-                return Source::Pending(format!("waiting for Secret {:?}", r.name));
+                return Source::Pending(Problem::SecretNotAllowed(r.name.clone()));
             };
             let value = secret
                 .data
@@ -90,9 +89,14 @@ pub fn desired_secret(memory: &Memory, url: &str) -> Secret {
 
 pub async fn reconcile(ctx: &Context, memory: Arc<Memory>) -> Result<Outcome, Error> {
     let ns = memory.namespace().unwrap_or_default();
+    // Only a Secret offered to agents is read (TRUST.md §2): for any other the manager
+    // asks the API server nothing, and says what it says of a missing one. An offer
+    // made, withdrawn or changed queues the Memory again (the offer watch).
     let referenced = match &memory.spec.secret_ref {
-        Some(r) => ctx.kube.get_secret(&ns, &r.name).await?,
-        None => None,
+        Some(r) if offer::secret(ctx, &ns, &r.name).is_ok() => {
+            ctx.kube.get_secret(&ns, &r.name).await?
+        }
+        _ => None,
     };
     let mut outcome = Outcome::default();
     let error = |why: Problem| (MemoryPhase::Error, why.reason(), why.to_string(), None);
@@ -112,10 +116,7 @@ pub async fn reconcile(ctx: &Context, memory: Arc<Memory>) -> Result<Outcome, Er
                 Written::Refused(why) => error(why.into()),
             }
         }
-        Source::Pending(why) => {
-            outcome.requeue = Some(MISSING_SECRET_RECHECK);
-            (MemoryPhase::Pending, Reason::SecretNotFound, why, None)
-        }
+        Source::Pending(why) => (MemoryPhase::Pending, why.reason(), why.to_string(), None),
         Source::Invalid(why) => error(why),
     };
     let old = memory.status.clone().unwrap_or_default();
@@ -164,7 +165,7 @@ mod tests {
         let by_ref = memory("{backend: redis, secretRef: {name: creds, key: url}}");
         assert_eq!(
             source(&by_ref, None),
-            Source::Pending("waiting for Secret \"creds\"".into())
+            Source::Pending(Problem::SecretNotAllowed("creds".into()))
         );
         let s: Secret =
             serde_saphyr::from_str("{metadata: {name: creds}, data: {url: cmVkaXM6Ly94}}").unwrap();

@@ -6,6 +6,7 @@ pub mod agent;
 pub mod common;
 pub mod demand;
 pub mod memory;
+pub mod offer;
 pub mod podsecurity;
 pub mod problem;
 pub mod queue;
@@ -94,6 +95,8 @@ impl Context {
             Object::Pod(p) => self.on_pod(&p.metadata),
             Object::Service(s) => self.on_child(&s.metadata),
             Object::Secret(s) => self.on_child(&s.metadata),
+            Object::OfferedSecret(s) => self.on_offer(&s.metadata),
+            Object::OfferedServiceAccount(sa) => self.on_offer(&sa.metadata),
         }
     }
 
@@ -154,6 +157,29 @@ impl Context {
         if let Some((kind, owner)) = controller_of(meta) {
             let ns = meta.namespace.clone().unwrap_or_default();
             self.queue.add(Key::new(kind, ns, owner));
+        }
+    }
+
+    /// An offer made or withdrawn (TRUST.md §2): every object of the namespace that
+    /// makes pods or copies a Secret looks again. Offers change rarely; which objects
+    /// name this one (an Agent's Runtime's env, say) is their plan's to know.
+    fn on_offer(&self, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+        let ns = meta.namespace.as_deref().unwrap_or_default();
+        let keys = (self.store.agents.in_namespace(ns).iter())
+            .map(|a| Key::of(Kind::Agent, &**a))
+            .chain(
+                self.store
+                    .tools
+                    .in_namespace(ns)
+                    .iter()
+                    .map(|t| Key::of(Kind::Tool, &**t)),
+            )
+            .chain(
+                (self.store.memories.in_namespace(ns).iter()).map(|m| Key::of(Kind::Memory, &**m)),
+            )
+            .collect::<Vec<_>>();
+        for key in keys {
+            self.queue.add(key);
         }
     }
 

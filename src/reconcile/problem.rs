@@ -61,6 +61,15 @@ pub enum Problem {
         holder_kind: Kind,
         holder: String,
     },
+    /// TRUST.md §2: a ServiceAccount not offered to agents, missing, or the manager's own.
+    #[error("ServiceAccount {0:?}: not found or not offered to agents")]
+    ServiceAccountNotAllowed(String),
+    #[error("ServiceAccount {0:?} is the manager's own: never lent to agents")]
+    ManagersServiceAccount(String),
+    /// TRUST.md §2: one message for a missing Secret and one not offered, so that a
+    /// tenant learns nothing of Secrets it was not offered.
+    #[error("Secret {0:?}: not found or not offered to agents")]
+    SecretNotAllowed(String),
     /// TRUST.md §1: the pod would break its namespace's Pod Security Standards level.
     #[error(transparent)]
     PodSecurity(#[from] Violation),
@@ -87,6 +96,10 @@ impl Problem {
             PodNotOwned { .. } => Reason::PodNotOwned,
             PodNameTaken { .. } => Reason::PodNameTaken,
             PodSecurity(_) => Reason::PodSecurityViolation,
+            ServiceAccountNotAllowed(_) | ManagersServiceAccount(_) => {
+                Reason::ServiceAccountNotAllowed
+            }
+            SecretNotAllowed(_) => Reason::SecretNotAllowed,
             Refused(r) => refused_reason(r),
         }
     }

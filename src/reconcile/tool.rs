@@ -18,6 +18,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
 use super::common::{self, Health};
+use super::offer;
 use super::podsecurity::{self, Level};
 use super::problem::{self, Problem};
 use super::{Context, Outcome, demand};
@@ -340,6 +341,14 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
     let now = ctx.now();
     let level = ctx.pod_security(&ns);
     let mut plan = plan(&tool, current.as_deref(), demand, now, level);
+    // The Secrets its env reads must be offered (TRUST.md §2); a pod being taken down
+    // (disabled, idle) is taken down all the same.
+    if tool.metadata.deletion_timestamp.is_none()
+        && plan.action != PodAction::Delete
+        && let Err(why) = offer::env(ctx, &ns, tool.spec.env.as_deref())
+    {
+        plan = problem(&why);
+    }
     let mut requeue = None;
     // The Service exists whether or not the pod runs.
     if tool.metadata.deletion_timestamp.is_none()

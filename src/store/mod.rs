@@ -6,6 +6,7 @@
 
 mod cache;
 mod list;
+mod offer;
 mod pod;
 mod secret;
 pub mod watch;
@@ -16,6 +17,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use cache::{Cache, Latch, ObjKey, SyncGate, trim};
+pub use offer::{OFFER_SELECTOR, OfferedSecret, OfferedServiceAccount};
 pub use pod::{PodView, SPEC_HASH};
 pub use secret::SecretView;
 
@@ -38,6 +40,9 @@ pub struct Store {
     pub pods: Cache<PodView>,
     pub services: Cache<Service>,
     pub secrets: Cache<SecretView>,
+    /// What the admin offered to agents (TRUST.md §2), by name only.
+    pub offered_secrets: Cache<OfferedSecret>,
+    pub offered_service_accounts: Cache<OfferedServiceAccount>,
     /// Opens once every watch has listed.
     pub synced: SyncGate,
     /// Opens once the watches the wire form reads (the custom resources and pods) have

@@ -18,7 +18,10 @@ use tracing::Instrument;
 
 use super::cache::{Slot, slot_of};
 use super::list::PAGE;
-use super::{Cache, MANAGED_SELECTOR, PodView, SecretView, Store, controller_of};
+use super::{
+    Cache, MANAGED_SELECTOR, OFFER_SELECTOR, OfferedSecret, OfferedServiceAccount, PodView,
+    SecretView, Store, controller_of,
+};
 use crate::backoff::{Backoff, system_random};
 use crate::crd::{Agent, Key, Kind, Memory, Runtime, Tool};
 
@@ -41,6 +44,9 @@ pub enum Object<'a> {
     Pod(&'a PodView),
     Service(&'a Service),
     Secret(&'a SecretView),
+    /// An offer made or withdrawn (TRUST.md §2).
+    OfferedSecret(&'a OfferedSecret),
+    OfferedServiceAccount(&'a OfferedServiceAccount),
 }
 
 /// What a watch saw: an object now in the cache, or one that left it.
@@ -85,7 +91,10 @@ impl Seen<'_> {
                     uid: String::new(),
                 })
             }
-            Object::Service(_) | Object::Secret(_) => None,
+            Object::Service(_)
+            | Object::Secret(_)
+            | Object::OfferedSecret(_)
+            | Object::OfferedServiceAccount(_) => None,
         }
     }
 }
@@ -121,6 +130,19 @@ pub fn spawn(
         w.spawn(tasks, ours, |s| &s.pods, |o| Object::Pod(o));
         w.spawn(tasks, ours, |s| &s.services, |o| Object::Service(o));
         w.spawn(tasks, ours, |s| &s.secrets, |o| Object::Secret(o));
+        let offered = Some(OFFER_SELECTOR);
+        w.spawn(
+            tasks,
+            offered,
+            |s| &s.offered_secrets,
+            |o| Object::OfferedSecret(o),
+        );
+        w.spawn(
+            tasks,
+            offered,
+            |s| &s.offered_service_accounts,
+            |o| Object::OfferedServiceAccount(o),
+        );
     }
 }
 
@@ -151,7 +173,7 @@ impl Watch<'_> {
         let kind = K::kind(&());
         // The wire form reads the custom resources and pods, never Secrets or Services:
         // the first snapshot need not wait for their lists.
-        let wire = !matches!(kind.as_ref(), "Secret" | "Service");
+        let wire = !matches!(kind.as_ref(), "Secret" | "Service" | "ServiceAccount");
         let span = tracing::info_span!(
             "watch",
             kind = %kind,

@@ -325,6 +325,12 @@ pub fn identity_with_rbac(
         .and_then(|d| d["metadata"]["name"].as_str())
         .unwrap()
         .to_owned();
+    token_kubeconfig(home, &sa, &format!("{home}-{n}"))
+}
+
+/// A kubeconfig at `<log dir>/<file>.kubeconfig` that authenticates as ServiceAccount
+/// `home/sa` (a token from the TokenRequest API) against the bed's API server.
+pub fn token_kubeconfig(home: &str, sa: &str, file: &str) -> PathBuf {
     // TokenRequest through the raw API: any kubectl version can send it (`kubectl create
     // token` needs 1.24 or newer on the client).
     let request = serde_json::json!({
@@ -375,7 +381,7 @@ pub fn identity_with_rbac(
         "contexts": [{"name": "manager", "context": {"cluster": "bed", "user": sa, "namespace": home}}],
         "current-context": "manager",
     });
-    let path = log_dir().join(format!("{home}-{n}.kubeconfig"));
+    let path = log_dir().join(format!("{file}.kubeconfig"));
     std::fs::write(&path, kubeconfig.to_string()).unwrap();
     path
 }

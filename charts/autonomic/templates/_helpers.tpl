@@ -76,15 +76,21 @@ No `update` anywhere. The caches see only objects labelled managed-by=autonomic,
 # Tool Services and Agent/Memory Secrets: server-side applied (patch; create when
 # the apply creates), watched by label; get before an apply that the cache cannot
 # vouch for, so that a same-named object that is not ours is never taken over. On
-# Secrets, get is also what a Memory's `secretRef` needs: it names a Secret the
-# user chose, which RBAC cannot narrow (the manager checks that it exists; its data
-# is never logged or sent).
+# Secrets, get is also what a Memory's `secretRef` needs, which RBAC cannot narrow by
+# label: the manager reads only Secrets offered to agents (label
+# autonomic.sh/agents=allowed, watched by that label, names only), and never logs or
+# sends their data.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# The ServiceAccounts offered to agents (label autonomic.sh/agents=allowed), watched
+# by that label, names only: an Agent runs as no other (TRUST.md section 2).
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["list", "watch"]
 # Events, so `kubectl describe` tells what happened: on the custom resources, and on
 # the manager's own pod for the control-plane link (rbac.yaml adds a Role in the
 # release namespace when only other namespaces are watched).

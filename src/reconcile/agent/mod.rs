@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::common::{self, Health};
+use super::offer;
 use super::problem::{self, Problem};
 use super::roll::Admit;
 use super::{Context, Outcome};
@@ -82,6 +83,13 @@ pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, Problem> {
                 })
         })
         .collect::<Result<_, _>>()?;
+    // What the pod would be given: the ServiceAccount, the Secrets of its env and its
+    // Runtime's (TRUST.md §2).
+    offer::service_account(ctx, &ns, agent.spec.service_account_name.as_deref())?;
+    offer::env(ctx, &ns, agent.spec.runtime.env.as_deref())?;
+    if let Some(rt) = &runtime {
+        offer::env(ctx, &ns, rt.spec.env.as_deref())?;
+    }
     Ok(Refs {
         runtime,
         tools,

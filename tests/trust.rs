@@ -1,0 +1,310 @@
+//! TRUST.md §2 on the test bed, as a real tenant would try it: a ServiceAccount whose
+//! Role grants the four custom resources and nothing else (no pods, no Secrets) creates
+//! every object; the manager runs as the chart's ServiceAccount. A tenant gets only the
+//! ServiceAccounts and Secrets the admin offered to agents (label
+//! `autonomic.sh/agents: allowed`), never the manager's own, and learns nothing of a
+//! Secret it was not offered: a missing one and an unoffered one give the same status.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+use tokio::time::Instant;
+
+use autonomic_manager::crd::{Agent, Memory};
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use kube::Client;
+use kube::api::Api;
+use serde_json::{Value, json};
+use support::*;
+
+/// How soon a change of an offer label must take effect (TRUST.md §2).
+const LABEL_EFFECT: Duration = Duration::from_secs(10);
+const OFFER: &str = "autonomic.sh/agents";
+
+/// The tenant of `ns`: a ServiceAccount bound to a Role on the four kinds alone; a
+/// client holding its token.
+async fn tenant(ns: &str) -> Client {
+    let rbac = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant", "namespace": ns}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "tenant", "namespace": ns},
+         "rules": [{"apiGroups": ["autonomic.sh"],
+                    "resources": ["agents", "tools", "runtimes", "memories"],
+                    "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "tenant", "namespace": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+         "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": ns}]},
+    ]});
+    let (ok, out) = kubectl(&["apply", "-f", "-"], Some(&rbac.to_string()));
+    assert!(ok, "the tenant's RBAC: {out}");
+    // What the tenant may and may not do, asked of the API server.
+    let who = format!("system:serviceaccount:{ns}:tenant");
+    for (verb, resource, allowed) in [
+        ("create", "agents.autonomic.sh", true),
+        ("create", "pods", false),
+        ("create", "secrets", false),
+        ("get", "secrets", false),
+        ("list", "secrets", false),
+    ] {
+        let (_, answer) = kubectl(
+            &["auth", "can-i", verb, resource, "-n", ns, "--as", &who],
+            None,
+        );
+        let yes = answer.lines().any(|l| l.trim() == "yes");
+        assert_eq!(yes, allowed, "tenant can-i {verb} {resource}: {answer}");
+    }
+    let path = token_kubeconfig(ns, "tenant", &format!("{ns}-tenant"));
+    client_of(&path).await
+}
+
+async fn client_of(kubeconfig: &Path) -> Client {
+    let file = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+/// Polls `check` every 100 ms until it gives a value; panics with `what` after `within`.
+async fn within<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The object's status as JSON with the times taken out (two objects made a moment
+/// apart differ in nothing else).
+fn status_without_times(status: Option<impl serde::Serialize>) -> Value {
+    let mut v = serde_json::to_value(status).unwrap();
+    for c in v["conditions"].as_array_mut().into_iter().flatten() {
+        c.as_object_mut().unwrap().remove("lastTransitionTime");
+    }
+    v
+}
+
+fn phase_of(status: &Value) -> (&str, &str) {
+    let reason = status["conditions"][0]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    (status["phase"].as_str().unwrap_or_default(), reason)
+}
+
+/// Labels (or, with `None`, unlabels) `kind/name` as offered to agents, as the admin.
+fn offer(ns: &str, kind: &str, name: &str, offered: bool) {
+    let label = if offered {
+        format!("{OFFER}=allowed")
+    } else {
+        format!("{OFFER}-")
+    };
+    let (ok, out) = kubectl(
+        &["-n", ns, "label", "--overwrite", kind, name, &label],
+        None,
+    );
+    assert!(ok, "label {kind}/{name}: {out}");
+}
+
+#[tokio::test]
+async fn a_tenant_gets_only_the_service_accounts_and_secrets_offered_to_agents() {
+    let admin = client().await;
+    ensure_crds(&admin).await;
+    let ns = TestNamespace::new(&admin, "trust").await;
+    let _m = Manager::start(&ns.name, &[]);
+    let tenant = tenant(&ns.name).await;
+    let agents: Api<Agent> = Api::namespaced(tenant.clone(), &ns.name);
+    let memories: Api<Memory> = Api::namespaced(tenant, &ns.name);
+    let pods: Api<Pod> = ns.api();
+    let secrets: Api<Secret> = ns.api();
+
+    // The admin's objects, not offered (yet).
+    let (ok, out) = kubectl(&["-n", &ns.name, "create", "serviceaccount", "robot"], None);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(
+        &[
+            "-n",
+            &ns.name,
+            "create",
+            "secret",
+            "generic",
+            "creds",
+            "--from-literal=url=redis://default:pw@r:6379/0",
+        ],
+        None,
+    );
+    assert!(ok, "{out}");
+
+    let agent = |name: &str, extra: &str| {
+        format!(
+            "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {{name: {name}}}\n\
+             spec: {{runtime: {{image: {AGENTLET_IMAGE}{extra}}}{}}}",
+            if name == "as-robot" {
+                ", serviceAccountName: robot"
+            } else {
+                ""
+            }
+        )
+    };
+    create_yaml(&agents, &agent("as-robot", "")).await;
+    let env = ", env: [{name: URL, valueFrom: {secretKeyRef: {name: creds, key: url}}}]";
+    create_yaml(&agents, &agent("reads-creds", env)).await;
+    let memory = |name: &str, secret: &str| {
+        format!(
+            "apiVersion: autonomic.sh/v1alpha1\nkind: Memory\nmetadata: {{name: {name}}}\n\
+             spec: {{backend: redis, secretRef: {{name: {secret}, key: url}}}}"
+        )
+    };
+    create_yaml(&memories, &memory("unoffered", "creds")).await;
+    create_yaml(&memories, &memory("missing", "nope")).await;
+
+    // Refused: Error with the reason, no pod, no copy.
+    let refused = |reason: &'static str| {
+        move |a: &Agent| {
+            let s = status_without_times(a.status.as_ref());
+            phase_of(&s) == ("Error", reason)
+        }
+    };
+    let a = wait_for(
+        &agents,
+        "as-robot",
+        "refused",
+        refused("ServiceAccountNotAllowed"),
+    )
+    .await;
+    assert_eq!(
+        a.status.unwrap().message.as_deref(),
+        Some("ServiceAccount \"robot\": not found or not offered to agents")
+    );
+    let a = wait_for(
+        &agents,
+        "reads-creds",
+        "refused",
+        refused("SecretNotAllowed"),
+    )
+    .await;
+    assert_eq!(
+        a.status.unwrap().message.as_deref(),
+        Some("Secret \"creds\": not found or not offered to agents")
+    );
+    let pending = |m: &Memory| {
+        let s = status_without_times(m.status.as_ref());
+        phase_of(&s) == ("Pending", "SecretNotAllowed")
+    };
+    let unoffered = wait_for(&memories, "unoffered", "pending", pending).await;
+    let missing = wait_for(&memories, "missing", "pending", pending).await;
+    // A missing Secret and an unoffered one: the same status, byte for byte (but the
+    // times and the name in the message, which is the tenant's own).
+    let same = |m: Memory, name: &str| {
+        status_without_times(m.status.as_ref())
+            .to_string()
+            .replace(name, "X")
+    };
+    assert_eq!(same(unoffered, "creds"), same(missing, "nope"));
+    for pod in ["as-robot", "reads-creds"] {
+        assert!(pods.get_opt(pod).await.unwrap().is_none(), "pod {pod} made");
+    }
+    assert!(secrets.get_opt("unoffered-memory").await.unwrap().is_none());
+
+    // Offered by label: in effect within 10 s, with no edit of the tenant's objects.
+    offer(&ns.name, "serviceaccount", "robot", true);
+    offer(&ns.name, "secret", "creds", true);
+    let pod = within(LABEL_EFFECT, "the pod of as-robot", || async {
+        pods.get_opt("as-robot").await.unwrap()
+    })
+    .await;
+    assert_eq!(
+        pod.spec.unwrap().service_account_name.as_deref(),
+        Some("robot")
+    );
+    within(LABEL_EFFECT, "the pod of reads-creds", || async {
+        pods.get_opt("reads-creds").await.unwrap()
+    })
+    .await;
+    within(LABEL_EFFECT, "the Memory bound", || async {
+        let m = memories.get("unoffered").await.unwrap();
+        let s = status_without_times(m.status.as_ref());
+        (phase_of(&s).0 == "Bound").then_some(())
+    })
+    .await;
+    assert!(secrets.get_opt("unoffered-memory").await.unwrap().is_some());
+    let m = memories.get("missing").await.unwrap();
+    assert_eq!(
+        phase_of(&status_without_times(m.status.as_ref())),
+        ("Pending", "SecretNotAllowed")
+    );
+
+    // Withdrawn: a running pod keeps what it started with (README); a new one is not
+    // made, and the Agent says why within 10 s of the pod's going.
+    offer(&ns.name, "serviceaccount", "robot", false);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        pods.get_opt("as-robot").await.unwrap().is_some(),
+        "the running pod was taken down"
+    );
+    let (ok, out) = kubectl(
+        &["-n", &ns.name, "delete", "pod", "as-robot", "--wait=true"],
+        None,
+    );
+    assert!(ok, "{out}");
+    within(LABEL_EFFECT, "as-robot refused again", || async {
+        let a = agents.get("as-robot").await.unwrap();
+        let s = status_without_times(a.status.as_ref());
+        (phase_of(&s) == ("Error", "ServiceAccountNotAllowed")).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        pods.get_opt("as-robot").await.unwrap().is_none(),
+        "a new pod as robot"
+    );
+}
+
+#[tokio::test]
+async fn the_managers_own_service_account_is_never_lent_even_when_offered() {
+    let admin = client().await;
+    ensure_crds(&admin).await;
+    let ns = TestNamespace::new(&admin, "trust-own").await;
+    let _m = Manager::start(&ns.name, &[]);
+    // The manager's ServiceAccount is the one its kubeconfig's token names.
+    let kubeconfig: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart_identity(&ns.name, &[&ns.name])).unwrap(),
+    )
+    .unwrap();
+    let own = kubeconfig["users"][0]["name"].as_str().unwrap().to_owned();
+    let sas: Api<ServiceAccount> = ns.api();
+    assert!(
+        sas.get_opt(&own).await.unwrap().is_some(),
+        "no ServiceAccount {own}"
+    );
+    offer(&ns.name, "serviceaccount", &own, true);
+    let tenant = tenant(&ns.name).await;
+    let agents: Api<Agent> = Api::namespaced(tenant, &ns.name);
+    create_yaml(
+        &agents,
+        &format!(
+            "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {{name: thief}}\n\
+             spec: {{runtime: {{image: {AGENTLET_IMAGE}}}, serviceAccountName: {own}}}"
+        ),
+    )
+    .await;
+    let a = wait_for(&agents, "thief", "refused", |a: &Agent| {
+        let s = status_without_times(a.status.as_ref());
+        phase_of(&s) == ("Error", "ServiceAccountNotAllowed")
+    })
+    .await;
+    assert_eq!(
+        a.status.unwrap().message.unwrap(),
+        format!("ServiceAccount {own:?} is the manager's own: never lent to agents")
+    );
+    let pods: Api<Pod> = ns.api();
+    assert!(pods.get_opt("thief").await.unwrap().is_none());
+}
