@@ -308,3 +308,69 @@ async fn the_managers_own_service_account_is_never_lent_even_when_offered() {
     let pods: Api<Pod> = ns.api();
     assert!(pods.get_opt("thief").await.unwrap().is_none());
 }
+
+/// TRUST.md §1 as a tenant: a Runtime template that would break the namespace's level
+/// (restricted, the chart's default) gives no pod; a partial one is merged over the
+/// restricted defaults, field by field.
+#[tokio::test]
+async fn a_tenants_template_gets_the_restricted_level_merged_and_never_privileged() {
+    let admin = client().await;
+    ensure_crds(&admin).await;
+    let ns = TestNamespace::new(&admin, "trust-pss").await;
+    let _m = Manager::start(&ns.name, &[]);
+    let tenant = tenant(&ns.name).await;
+    let runtimes: Api<autonomic_manager::crd::Runtime> = Api::namespaced(tenant.clone(), &ns.name);
+    let agents: Api<Agent> = Api::namespaced(tenant, &ns.name);
+    let pods: Api<Pod> = ns.api();
+    for (name, context) in [
+        ("root", "{privileged: true, runAsUser: 0}"),
+        ("partial", "{runAsUser: 1000}"),
+    ] {
+        create_yaml(
+            &runtimes,
+            &format!(
+                "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {{name: {name}}}\n\
+                 spec: {{image: {AGENTLET_IMAGE}, securityContext: {context}}}"
+            ),
+        )
+        .await;
+        create_yaml(
+            &agents,
+            &format!(
+                "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {{name: {name}}}\n\
+                 spec: {{runtime: {{ref: {name}}}}}"
+            ),
+        )
+        .await;
+    }
+    let a = wait_for(&agents, "root", "refused", |a: &Agent| {
+        let s = status_without_times(a.status.as_ref());
+        phase_of(&s) == ("Error", "PodSecurityViolation")
+    })
+    .await;
+    let message = a.status.unwrap().message.unwrap();
+    assert!(
+        message.contains("container \"runtime\"") && message.contains("privileged"),
+        "{message}"
+    );
+    let pod = within(Duration::from_secs(30), "the pod of partial", || async {
+        pods.get_opt("partial").await.unwrap()
+    })
+    .await;
+    let runtime = pod
+        .spec
+        .unwrap()
+        .containers
+        .into_iter()
+        .find(|c| c.name == "runtime")
+        .unwrap();
+    let sc = serde_json::to_value(runtime.security_context).unwrap();
+    assert_eq!(sc["runAsUser"], 1000, "{sc}");
+    assert_eq!(sc["runAsNonRoot"], true, "{sc}");
+    assert_eq!(sc["allowPrivilegeEscalation"], false, "{sc}");
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{sc}");
+    assert!(
+        pods.get_opt("root").await.unwrap().is_none(),
+        "a pod for the root template"
+    );
+}
