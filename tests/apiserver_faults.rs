@@ -284,6 +284,7 @@ async fn authorizes(bed: &OwnBed, ns: &str) {
             [
                 "pods",
                 "secrets",
+                "serviceaccounts",
                 "services",
                 "agents.autonomic.sh",
                 "tools.autonomic.sh",

@@ -184,6 +184,7 @@ fn fake_api_server() -> (u16, Arc<Mutex<Vec<String>>>) {
                         "pods",
                         "services",
                         "secrets",
+                        "serviceaccounts",
                         "events",
                         "leases",
                         "namespaces",
