@@ -203,6 +203,20 @@ struct Source {
     selector: Option<String>,
 }
 
+impl Source {
+    /// The offer watches (TRUST.md §2) may be refused (a binary upgraded under an older
+    /// chart's RBAC): the manager then runs with nothing offered, the safe side, rather
+    /// than reconcile nothing at all.
+    fn may_be_refused(&self) -> bool {
+        self.selector.as_deref() == Some(OFFER_SELECTOR)
+    }
+}
+
+/// Whether a list failed because the manager may not list that kind.
+fn forbidden(err: &super::list::ListError) -> bool {
+    matches!(err, super::list::ListError::Api(kube::Error::Api(s)) if s.code == 403)
+}
+
 /// How a watch ended: the server's timeout or silence (resume from the last version
 /// seen), 410 Gone (list again), or a failure (resume after the backoff's wait).
 enum End {
@@ -324,7 +338,13 @@ where
                         }
                     }
                     Err(err) => {
-                        tracing::warn!(error = %err, "list failed, retrying");
+                        if first_sync && source.may_be_refused() && forbidden(&err) {
+                            first_sync = false;
+                            tracing::error!(error = %err, "may not list what the admin offered to agents: running with nothing offered (every serviceAccountName and Secret reference refused) until the RBAC allows it; grant list and watch, as the chart does");
+                            store.synced.mark();
+                        } else {
+                            tracing::warn!(error = %err, "list failed, retrying");
+                        }
                         tokio::time::sleep(retry.next_delay_with(system_random)).await;
                     }
                 }
@@ -409,6 +429,8 @@ mod tests {
     #[derive(Default)]
     struct Scripted {
         bodies: Mutex<VecDeque<Option<mpsc::UnboundedReceiver<Chunk>>>>,
+        /// The status of each answer, in turn; 200 when none is queued.
+        statuses: Mutex<VecDeque<u16>>,
         seen: Mutex<VecDeque<(String, Instant)>>,
         arrived: tokio::sync::Notify,
     }
@@ -419,6 +441,16 @@ mod tests {
             let (tx, rx) = mpsc::unbounded();
             self.bodies.lock().unwrap().push_back(Some(rx));
             tx
+        }
+        /// Queues an answer `403 Forbidden`, as the API server gives a request its RBAC
+        /// does not allow.
+        fn refuse(&self) {
+            let tx = self.answer();
+            self.statuses.lock().unwrap().push_back(403);
+            send(
+                &tx,
+                r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Forbidden","code":403,"message":"forbidden"}"#,
+            );
         }
         /// Queues a request that is never answered, not even its headers.
         fn never(&self) {
@@ -453,6 +485,7 @@ mod tests {
             let api = api.clone();
             async move {
                 let body = api.bodies.lock().unwrap().pop_front();
+                let status = api.statuses.lock().unwrap().pop_front().unwrap_or(200);
                 let uri = req.uri().to_string();
                 api.seen.lock().unwrap().push_back((uri, Instant::now()));
                 api.arrived.notify_waiters();
@@ -465,7 +498,9 @@ mod tests {
                         rx
                     }
                 };
-                Ok::<_, Infallible>(Response::new(StreamBody::new(body)))
+                let mut response = Response::new(StreamBody::new(body));
+                *response.status_mut() = status.try_into().unwrap();
+                Ok::<_, Infallible>(response)
             }
         });
         Client::new(service, "ns")
@@ -649,5 +684,40 @@ mod tests {
         assert!(store.wire_synced.is_synced());
         drop(stalled);
         task.abort();
+    }
+
+    /// A refused offer watch (a binary under an older chart's RBAC) opens the sync gate
+    /// with nothing offered, so the manager still reconciles (refusing every reference);
+    /// any other refused watch keeps the gate closed, and both keep retrying.
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_offer_watch_runs_with_nothing_offered_and_retries() {
+        for (selector, opens) in [(OFFER_SELECTOR, true), (MANAGED_SELECTOR, false)] {
+            let api = Arc::new(Scripted::default());
+            let store = Arc::new(Store::default());
+            // The wire form's watches have listed and the first snapshot is out.
+            store.wire_synced.expect();
+            store.wire_synced.mark();
+            store.later.open();
+            let source = Source {
+                client: client(&api),
+                scope: Some("ns".into()),
+                selector: Some(selector.into()),
+            };
+            api.refuse();
+            let task = tokio::spawn(drive(
+                source,
+                false,
+                store.clone(),
+                |s| &s.offered_secrets,
+                |_: &OfferedSecret, _| {},
+            ));
+            let (uri, _) = api.next_request().await;
+            assert!(uri.contains("/secrets?"), "{uri}");
+            // Refused again: still retrying, the gate as the first refusal left it.
+            api.refuse();
+            api.next_request().await;
+            assert_eq!(store.synced.is_synced(), opens, "{selector}");
+            task.abort();
+        }
     }
 }
