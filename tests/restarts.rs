@@ -24,11 +24,8 @@ use support::own_bed::{kubeconfig_on, server_of};
 use support::*;
 
 const IDLE: &str = r#"["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]"#;
-/// A server that never stops listening (`-ll`: a process per connection). A loop of
-/// one-shot `nc -l` leaves the port closed between two of them, and under the suite's
-/// load the readiness probe met that gap often enough to flip a steady Tool to not
-/// ready during a failover (seen in two rehearsals on a fresh machine).
-const SERVE: &str = r#"[sh, -c, "trap 'exit 0' TERM; nc -ll -p 8080 -e echo ok & wait $!"]"#;
+const SERVE: &str =
+    r#"[sh, -c, "trap 'exit 0' TERM; while :; do nc -l -p 8080 -e echo ok & wait $!; done"]"#;
 
 /// The mix of the 200 objects: (what, how many, its steady phase). Most are steady
 /// without a pod, so the shared 2-core bed runs 12 pods (10 Agents of two containers,
