@@ -138,7 +138,8 @@ pub async fn reconcile(ctx: &Context, memory: Arc<Memory>) -> Result<Outcome, Er
     ctx.kube
         .write_status(&*memory, memory.status.as_ref(), &status)
         .await?;
-    // A referenced Secret may change without us seeing it: look again now and then.
+    // An offered Secret's changes queue the Memory through the offer watch; this look
+    // now and then only backs that watch up (a missed event), and costs one GET a minute.
     if memory.spec.secret_ref.is_some() && outcome.requeue.is_none() {
         outcome.requeue = Some(Duration::from_secs(60));
     }
