@@ -76,6 +76,7 @@ async fn manager_runs_as_a_pod_from_deploy_yaml() {
     let client = client().await;
     let home = TestNamespace::new(&client, "in-cluster").await;
     let ns = TestNamespace::new(&client, "in-cluster-agents").await;
+    let _report = ReportOnPanic(vec![home.name.clone(), ns.name.clone()]);
     // The in-cluster manager watches only the test's namespace, so it does not race the
     // managers other tests start.
     let knob = "name: AUTONOMIC_NAMESPACES\n              value: \"\"";

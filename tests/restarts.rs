@@ -230,6 +230,7 @@ async fn twenty_restarts_and_ten_failovers_change_nothing_in_200_steady_objects(
     require_node();
     let client = client().await;
     let ns = TestNamespace::new(&client, "rs-steady").await;
+    let _report = ReportOnPanic(vec![ns.name.clone()]);
     let t = Instant::now();
     populate(&ns).await;
     let first = Manager::start_as(&ns.name, &format!("{}-first", ns.name), &[]);

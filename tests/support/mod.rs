@@ -272,6 +272,30 @@ pub fn kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// On a panic (a test failing), prints what the bed knew: the node's conditions and the
+/// namespaces' pods and Events, the kubelet's among them. A test whose failure was seen
+/// only under a loaded suite says why, not only what.
+pub struct ReportOnPanic(pub Vec<String>);
+
+impl Drop for ReportOnPanic {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let conditions = "jsonpath={range .items[*]}{.metadata.name}{'\\n'}{range .status.conditions[*]}  {.type}={.status} {.reason} {.lastTransitionTime} {.message}{'\\n'}{end}{end}";
+        let mut out = kubectl(&["get", "nodes", "-o", conditions], None).1;
+        for ns in &self.0 {
+            out += &kubectl(&["-n", ns, "get", "pods", "-o", "wide"], None).1;
+            out += &kubectl(
+                &["-n", ns, "get", "events", "--sort-by=.lastTimestamp"],
+                None,
+            )
+            .1;
+        }
+        eprintln!("the bed when the test failed:\n{out}");
+    }
+}
+
 /// The identity the chart gives the manager, for a manager living in `home` and watching
 /// `watch` (empty: all namespaces): the chart's ServiceAccount and RBAC, rendered by helm
 /// with those values and applied (as admin), and a kubeconfig holding that
