@@ -296,7 +296,15 @@ async fn authorizes(bed: &OwnBed, ns: &str) {
                     None,
                 );
                 ok && out.trim() == "yes"
-            })
+            }) && {
+                // The namespace itself, by name, for its labels.
+                let named = format!("namespaces/{ns}");
+                let (ok, out) = kubectl(
+                    &[&kubeconfig, "auth", "can-i", "watch", &named, &user],
+                    None,
+                );
+                ok && out.trim() == "yes"
+            }
         },
     )
     .await;

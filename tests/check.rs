@@ -88,9 +88,9 @@ async fn cluster_lines(
 ) -> Vec<String> {
     let (server, version) = api_server(client).await;
     let rbac = if managed {
-        format!("42 permissions allowed (namespace {ns}, namespace kube-system)")
+        format!("44 permissions allowed (namespace {ns}, namespace kube-system)")
     } else {
-        format!("41 permissions allowed (namespace {ns})")
+        format!("43 permissions allowed (namespace {ns})")
     };
     vec![
         format!(
@@ -204,7 +204,7 @@ async fn missing_crds_are_named() {
                 kubeconfig.display()
             ),
             format!("ok   api server: http://127.0.0.1:{port} (v1.20.2-standin)"),
-            "ok   rbac: 41 permissions allowed (namespace crd-less)".into(),
+            "ok   rbac: 43 permissions allowed (namespace crd-less)".into(),
             "FAIL crds: not installed: agents.autonomic.sh, tools.autonomic.sh, runtimes.autonomic.sh, memories.autonomic.sh — fix: install this version's CRDs: autonomic-manager crds | kubectl apply --server-side -f -".into(),
         ]
     );

@@ -4,6 +4,8 @@
 //! ServiceAccounts and Secrets the admin offered to agents (label
 //! `autonomic.sh/agents: allowed`), never the manager's own, and learns nothing of a
 //! Secret it was not offered: a missing one and an unoffered one give the same status.
+//! TRUST.md §1 likewise: a template that breaks the namespace's pod security level gives
+//! no pod, and the admin's label on the namespace moves the level within 10 s.
 
 mod support;
 
@@ -112,6 +114,12 @@ fn offer(ns: &str, kind: &str, name: &str, offered: bool) {
         None,
     );
     assert!(ok, "label {kind}/{name}: {out}");
+}
+
+/// Sets (`key=value`) or removes (`key-`) a label of namespace `ns`, as the admin.
+fn label_namespace(ns: &str, label: &str) {
+    let (ok, out) = kubectl(&["label", "--overwrite", "namespace", ns, label], None);
+    assert!(ok, "label namespace {ns} {label}: {out}");
 }
 
 #[tokio::test]
@@ -307,6 +315,53 @@ async fn the_managers_own_service_account_is_never_lent_even_when_offered() {
     );
     let pods: Api<Pod> = ns.api();
     assert!(pods.get_opt("thief").await.unwrap().is_none());
+
+    // `autonomic.sh/references: any` on the namespace lifts the offer rule within 10 s
+    // (an unlabelled ServiceAccount and Secret serve), never the manager's own.
+    offer(&ns.name, "serviceaccount", &own, false);
+    let (ok, out) = kubectl(&["-n", &ns.name, "create", "serviceaccount", "plain"], None);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(
+        &[
+            "-n",
+            &ns.name,
+            "create",
+            "secret",
+            "generic",
+            "plain",
+            "--from-literal=k=v",
+        ],
+        None,
+    );
+    assert!(ok, "{out}");
+    create_yaml(
+        &agents,
+        &format!(
+            "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {{name: plain}}\n\
+             spec: {{runtime: {{image: {AGENTLET_IMAGE}, env: [{{name: K, valueFrom: \
+             {{secretKeyRef: {{name: plain, key: k}}}}}}]}}, serviceAccountName: plain}}"
+        ),
+    )
+    .await;
+    wait_for(&agents, "plain", "refused", |a: &Agent| {
+        let s = status_without_times(a.status.as_ref());
+        phase_of(&s).0 == "Error"
+    })
+    .await;
+    label_namespace(&ns.name, "autonomic.sh/references=any");
+    within(
+        LABEL_EFFECT,
+        "the pod of plain once references are any",
+        || async { pods.get_opt("plain").await.unwrap() },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let a = agents.get("thief").await.unwrap();
+    assert_eq!(
+        phase_of(&status_without_times(a.status.as_ref())),
+        ("Error", "ServiceAccountNotAllowed")
+    );
+    assert!(pods.get_opt("thief").await.unwrap().is_none());
 }
 
 /// TRUST.md §1 as a tenant: a Runtime template that would break the namespace's level
@@ -373,4 +428,31 @@ async fn a_tenants_template_gets_the_restricted_level_merged_and_never_privilege
         pods.get_opt("root").await.unwrap().is_none(),
         "a pod for the root template"
     );
+
+    // The admin lowers this namespace's level by label: root's pod is made within 10 s,
+    // with no edit of the Agent; partial's pod is not remade for it.
+    let partial = pod.metadata.uid.clone();
+    label_namespace(&ns.name, "autonomic.sh/pod-security=privileged");
+    let root = within(LABEL_EFFECT, "the pod of root at privileged", || async {
+        pods.get_opt("root").await.unwrap()
+    })
+    .await;
+    // Raised again: the running pod is left as it is (README), the Agent says that it
+    // would not be made now.
+    label_namespace(&ns.name, "autonomic.sh/pod-security-");
+    within(LABEL_EFFECT, "root refused again", || async {
+        let a = agents.get("root").await.unwrap();
+        let s = status_without_times(a.status.as_ref());
+        (phase_of(&s) == ("Error", "PodSecurityViolation")).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (name, uid) in [("root", root.metadata.uid), ("partial", partial)] {
+        let now = pods
+            .get_opt(name)
+            .await
+            .unwrap()
+            .and_then(|p| p.metadata.uid);
+        assert_eq!(now, uid, "pod {name} remade or removed by a level change");
+    }
 }

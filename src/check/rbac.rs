@@ -24,6 +24,9 @@ pub enum Scope {
     /// The manager's own namespace, in managed mode in a pod: Events on its pod for
     /// link changes.
     OwnEvents,
+    /// Cluster-scoped: the watched namespaces themselves, for their labels (TRUST.md);
+    /// by name when only some are watched.
+    Namespaces,
 }
 
 /// One RBAC rule the manager needs.
@@ -107,6 +110,13 @@ pub const RULES: &[Rule] = &[
         names: &["kube-system"],
         scope: Scope::ClusterId,
     },
+    Rule {
+        group: "",
+        resources: &["namespaces"],
+        verbs: &["list", "watch"],
+        names: &[],
+        scope: Scope::Namespaces,
+    },
 ];
 
 /// One question for the API server: may I `verb` `resource` (`name`) in `namespace`
@@ -117,13 +127,13 @@ struct Permission {
     verb: &'static str,
     group: &'static str,
     resource: &'static str,
-    name: Option<&'static str>,
+    name: Option<String>,
 }
 
 impl Permission {
     /// `watch pods`, `patch agents/status`, `update leases autonomic-manager`.
     fn action(&self) -> String {
-        match self.name {
+        match &self.name {
             Some(name) => format!("{} {} {name}", self.verb, self.resource),
             None => format!("{} {}", self.verb, self.resource),
         }
@@ -156,11 +166,15 @@ fn permissions(config: &Config) -> Vec<Permission> {
                 vec![Some(config.pod_namespace.clone())]
             }
             Scope::Lease | Scope::ClusterId | Scope::OwnEvents => continue,
+            Scope::Namespaces => vec![None],
         };
-        let names: Vec<Option<&'static str>> = if rule.names.is_empty() {
+        let names: Vec<Option<String>> = if rule.scope == Scope::Namespaces {
+            // Each watched namespace by name, or all of them.
+            watched.clone()
+        } else if rule.names.is_empty() {
             vec![None]
         } else {
-            rule.names.iter().copied().map(Some).collect()
+            rule.names.iter().map(|n| Some(n.to_string())).collect()
         };
         for namespace in &namespaces {
             for resource in rule.resources {
@@ -171,7 +185,7 @@ fn permissions(config: &Config) -> Vec<Permission> {
                             verb,
                             group: rule.group,
                             resource,
-                            name: *name,
+                            name: name.clone(),
                         });
                     }
                 }
@@ -250,7 +264,7 @@ pub(super) async fn rbac(config: &Config, client: &kube::Client) -> Line {
     if missing.is_empty() {
         let mut places: BTreeSet<String> = BTreeSet::new();
         for p in &wanted {
-            places.insert(match (&p.namespace, p.name) {
+            places.insert(match (&p.namespace, p.name.as_deref()) {
                 (_, Some(name)) if p.resource == "leases" => {
                     format!("the Lease {name} in namespace {}", config.pod_namespace)
                 }
@@ -272,7 +286,10 @@ pub(super) async fn rbac(config: &Config, client: &kube::Client) -> Line {
         );
     }
     let mut fix = "grant this identity the chart's RBAC (helm upgrade, or kubectl apply --server-side -f deploy.yaml; the rules: charts/autonomic/templates/_helpers.tpl)".to_owned();
-    if missing.iter().any(|p| p.resource == "namespaces") {
+    if missing
+        .iter()
+        .any(|p| p.resource == "namespaces" && p.verb == "get")
+    {
         fix.push_str(", or set AUTONOMIC_CLUSTER_ID");
     }
     Line::fail("rbac", missing_text(&missing), fix)
@@ -289,7 +306,7 @@ fn attributes(p: &Permission) -> ResourceAttributes {
         group: Some(p.group.to_owned()),
         resource: Some(resource.to_owned()),
         subresource,
-        name: p.name.map(str::to_owned),
+        name: p.name.clone(),
         ..Default::default()
     }
 }
@@ -310,12 +327,12 @@ mod tests {
 
     #[test]
     fn missing_permissions_are_named_by_place() {
-        let p = |ns: Option<&str>, verb, resource, name| Permission {
+        let p = |ns: Option<&str>, verb, resource, name: Option<&str>| Permission {
             namespace: ns.map(str::to_owned),
             verb,
             group: "",
             resource,
-            name,
+            name: name.map(str::to_owned),
         };
         assert_eq!(
             missing_text(&[p(Some("x"), "watch", "pods", None)]),
@@ -338,9 +355,21 @@ mod tests {
     #[test]
     fn permissions_follow_the_configuration() {
         let unmanaged = permissions(&config(&[("AUTONOMIC_NAMESPACES", "a,b")]));
-        // 41 workload permissions in each watched namespace, nothing else.
-        assert_eq!(unmanaged.len(), 82);
-        assert!(unmanaged.iter().all(|p| p.namespace.is_some()));
+        // 41 workload permissions in each watched namespace, and list and watch of each
+        // of those namespaces by name.
+        assert_eq!(unmanaged.len(), 82 + 4);
+        assert!(unmanaged.contains(&Permission {
+            namespace: None,
+            verb: "watch",
+            group: "",
+            resource: "namespaces",
+            name: Some("b".into()),
+        }));
+        assert!(
+            unmanaged
+                .iter()
+                .all(|p| p.namespace.is_some() || p.name.is_some())
+        );
         let all = permissions(&config(&[
             ("AUTONOMIC_MANAGED", "true"),
             ("AUTONOMIC_AUTH_TOKEN", "t"),
@@ -348,8 +377,9 @@ mod tests {
             ("POD_NAMESPACE", "home"),
             ("POD_UID", "u-1"),
         ]));
-        // Workload, Lease (3), cluster id (1), link Events in the manager's namespace (2).
-        assert_eq!(all.len(), 41 + 3 + 1 + 2);
+        // Workload, namespaces (2), Lease (3), cluster id (1), link Events in the manager's
+        // namespace (2).
+        assert_eq!(all.len(), 41 + 2 + 3 + 1 + 2);
         assert!(all.contains(&Permission {
             namespace: Some("home".into()),
             verb: "create",
@@ -362,21 +392,21 @@ mod tests {
             verb: "update",
             group: "coordination.k8s.io",
             resource: "leases",
-            name: Some(crate::leader::LEASE_NAME),
+            name: Some(crate::leader::LEASE_NAME.into()),
         }));
         assert!(all.contains(&Permission {
             namespace: None,
             verb: "get",
             group: "",
             resource: "namespaces",
-            name: Some("kube-system"),
+            name: Some("kube-system".into()),
         }));
         let with_id = permissions(&config(&[
             ("AUTONOMIC_MANAGED", "true"),
             ("AUTONOMIC_AUTH_TOKEN", "t"),
             ("AUTONOMIC_CLUSTER_ID", "prod"),
         ]));
-        assert_eq!(with_id.len(), 41, "outside a pod: no link Events");
+        assert_eq!(with_id.len(), 41 + 2, "outside a pod: no link Events");
         let a = attributes(&Permission {
             namespace: Some("x".into()),
             verb: "create",
@@ -429,9 +459,9 @@ mod tests {
     }
 
     /// The table is the chart's RBAC, rule for rule: the workload rules of
-    /// `_helpers.tpl` (each watched namespace, or cluster-wide), the leader-election Role
-    /// and the cluster-id ClusterRole of `rbac.yaml` (their template lines dropped: the
-    /// rules themselves are literal YAML).
+    /// `_helpers.tpl` (each watched namespace, or cluster-wide), the leader-election Role,
+    /// the link Events' Role and the cluster-id and namespaces ClusterRoles of
+    /// `rbac.yaml` (their template lines dropped: the rules themselves are literal YAML).
     #[test]
     fn the_rbac_table_is_the_charts() {
         let helpers = include_str!("../../charts/autonomic/templates/_helpers.tpl");
@@ -462,6 +492,8 @@ mod tests {
                 // watched), told from the Lease's by its rules.
                 Some("Role") if doc["rules"][0]["resources"][0] == "events" => Scope::OwnEvents,
                 Some("Role") => Scope::Lease,
+                // The namespaces' labels, told from the cluster id's by the verb.
+                Some("ClusterRole") if doc["rules"][0]["verbs"][0] == "list" => Scope::Namespaces,
                 Some("ClusterRole") => Scope::ClusterId,
                 other => panic!("rules in a {other:?}"),
             };
@@ -469,7 +501,15 @@ mod tests {
             grants_of(&doc["rules"], scope, &mut chart);
         }
         scopes.sort();
-        assert_eq!(scopes, [Scope::Lease, Scope::ClusterId, Scope::OwnEvents]);
+        assert_eq!(
+            scopes,
+            [
+                Scope::Lease,
+                Scope::ClusterId,
+                Scope::OwnEvents,
+                Scope::Namespaces
+            ]
+        );
 
         let mut table = BTreeSet::new();
         for rule in RULES {

@@ -25,7 +25,7 @@ use crate::config::Config;
 use crate::crd::{Agent, Key, Kind, Memory, Runtime, Tool};
 use crate::metrics::Metrics;
 use crate::store::watch::{Object, Seen};
-use crate::store::{Store, controller_of};
+use crate::store::{NamespaceView, Store, controller_of};
 pub use queue::Queue;
 
 const WORKERS: usize = 4;
@@ -78,11 +78,17 @@ impl Context {
 
     /// The Pod Security Standards level of the pods made in namespace `ns` (TRUST.md §1):
     /// the namespace's label `autonomic.sh/pod-security` when it names a level, else
-    /// `AUTONOMIC_POD_SECURITY`. The store holds no namespaces, so no label is read
-    /// here and every namespace has the configured level; a cache of namespaces gives
-    /// its labels to `of_namespace` in place of `None`.
-    pub fn pod_security(&self, _ns: &str) -> podsecurity::Level {
-        podsecurity::Level::of_namespace(None, self.config.pod_security)
+    /// `AUTONOMIC_POD_SECURITY` (also while the namespaces are not yet listed, or may
+    /// not be).
+    pub fn pod_security(&self, ns: &str) -> podsecurity::Level {
+        let namespace = self.store.namespaces.get("", ns);
+        NamespaceView::pod_security(namespace.as_deref(), self.config.pod_security)
+    }
+
+    /// Whether namespace `ns` lets its objects reference any ServiceAccount and Secret
+    /// of its own (TRUST.md §2, label `autonomic.sh/references: any`).
+    pub fn references_any(&self, ns: &str) -> bool {
+        NamespaceView::references_any(self.store.namespaces.get("", ns).as_deref())
     }
 
     /// Queues the custom resources a watched object's change concerns.
@@ -95,8 +101,9 @@ impl Context {
             Object::Pod(p) => self.on_pod(&p.metadata),
             Object::Service(s) => self.on_child(&s.metadata),
             Object::Secret(s) => self.on_child(&s.metadata),
-            Object::OfferedSecret(s) => self.on_offer(&s.metadata),
-            Object::OfferedServiceAccount(sa) => self.on_offer(&sa.metadata),
+            Object::OfferedSecret(s) => self.on_offer(s.namespace().as_deref()),
+            Object::OfferedServiceAccount(sa) => self.on_offer(sa.namespace().as_deref()),
+            Object::Namespace(n) => self.on_offer(n.metadata.name.as_deref()),
         }
     }
 
@@ -160,11 +167,12 @@ impl Context {
         }
     }
 
-    /// An offer made or withdrawn (TRUST.md §2): every object of the namespace that
-    /// makes pods or copies a Secret looks again. Offers change rarely; which objects
-    /// name this one (an Agent's Runtime's env, say) is their plan's to know.
-    fn on_offer(&self, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
-        let ns = meta.namespace.as_deref().unwrap_or_default();
+    /// An offer made or withdrawn (TRUST.md §2), or a namespace's labels set (§1, §2):
+    /// every object of the namespace that makes pods or copies a Secret looks again.
+    /// Both change rarely; which objects they concern (an Agent's Runtime's env, say) is
+    /// their plan's to know.
+    fn on_offer(&self, ns: Option<&str>) {
+        let ns = ns.unwrap_or_default();
         let keys = (self.store.agents.in_namespace(ns).iter())
             .map(|a| Key::of(Kind::Agent, &**a))
             .chain(

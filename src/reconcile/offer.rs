@@ -1,7 +1,9 @@
 //! TRUST.md §2 in the plan: a tenant's objects use only the ServiceAccounts and Secrets
 //! the admin offered to agents (label `autonomic.sh/agents: allowed`, watched into the
 //! store by name), never the manager's own ServiceAccount. A Secret that is missing and
-//! one that is not offered give the same answer.
+//! one that is not offered give the same answer. A namespace labelled
+//! `autonomic.sh/references: any` lifts the offer rule there, never the rule on the
+//! manager's own ServiceAccount.
 
 use k8s_openapi::api::core::v1::EnvVar;
 
@@ -16,7 +18,10 @@ pub fn service_account(ctx: &Context, ns: &str, name: Option<&str>) -> Result<()
         return Err(Problem::ManagersServiceAccount(effective.to_owned()));
     }
     match name {
-        Some(name) if ctx.store.offered_service_accounts.get(ns, name).is_none() => {
+        Some(name)
+            if ctx.store.offered_service_accounts.get(ns, name).is_none()
+                && !ctx.references_any(ns) =>
+        {
             Err(Problem::ServiceAccountNotAllowed(name.to_owned()))
         }
         _ => Ok(()),
@@ -25,9 +30,10 @@ pub fn service_account(ctx: &Context, ns: &str, name: Option<&str>) -> Result<()
 
 /// A Secret the object reads (an env `secretKeyRef`, a Memory's `secretRef`).
 pub fn secret(ctx: &Context, ns: &str, name: &str) -> Result<(), Problem> {
-    match ctx.store.offered_secrets.get(ns, name) {
-        Some(_) => Ok(()),
-        None => Err(Problem::SecretNotAllowed(name.to_owned())),
+    if ctx.store.offered_secrets.get(ns, name).is_some() || ctx.references_any(ns) {
+        Ok(())
+    } else {
+        Err(Problem::SecretNotAllowed(name.to_owned()))
     }
 }
 

@@ -114,13 +114,12 @@ impl<K: ResourceExt + Resource<DynamicType = ()>> Cache<K> {
         objects.remove(key)
     }
 
-    /// Removes the objects of `scope` (a namespace, or all) not in `seen`.
-    pub(super) fn prune(&self, scope: Option<&str>, seen: &HashSet<Slot>) -> Vec<Arc<K>> {
+    /// Removes the objects a stream `holds` (its namespace's, or all) not in `seen`.
+    pub(super) fn prune(&self, holds: impl Fn(&str) -> bool, seen: &HashSet<Slot>) -> Vec<Arc<K>> {
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
-        let prefix = scope.map(|ns| slot(ns, ""));
         let stale: Vec<Slot> = objects
             .keys()
-            .filter(|k| prefix.as_ref().is_none_or(|p| k.starts_with(&**p)) && !seen.contains(*k))
+            .filter(|k| holds(k) && !seen.contains(*k))
             .cloned()
             .collect();
         stale.iter().filter_map(|k| objects.remove(k)).collect()
@@ -209,9 +208,10 @@ mod tests {
         assert_eq!(names(cache.in_namespace("a-b")), ["a-b/x"]);
         assert!(cache.get("a", "x").is_some() && cache.get("a-", "bx").is_none());
         let seen = HashSet::from([slot("a", "y")]);
-        assert_eq!(names(cache.prune(Some("a"), &seen)), ["a/x"]);
+        let in_a = |k: &str| k.starts_with(&*slot("a", ""));
+        assert_eq!(names(cache.prune(in_a, &seen)), ["a/x"]);
         assert_eq!(cache.count(), 4);
-        assert_eq!(names(cache.prune(None, &HashSet::new())).len(), 4);
+        assert_eq!(names(cache.prune(|_| true, &HashSet::new())).len(), 4);
     }
 
     #[tokio::test(start_paused = true)]

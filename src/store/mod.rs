@@ -6,6 +6,7 @@
 
 mod cache;
 mod list;
+mod namespace;
 mod offer;
 mod pod;
 mod secret;
@@ -17,6 +18,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use cache::{Cache, Latch, ObjKey, SyncGate, trim};
+pub use namespace::NamespaceView;
 pub use offer::{OFFER_SELECTOR, OfferedSecret, OfferedServiceAccount};
 pub use pod::{PodView, SPEC_HASH};
 pub use secret::SecretView;
@@ -43,6 +45,8 @@ pub struct Store {
     /// What the admin offered to agents (TRUST.md §2), by name only.
     pub offered_secrets: Cache<OfferedSecret>,
     pub offered_service_accounts: Cache<OfferedServiceAccount>,
+    /// The namespaces' labels of TRUST.md §1 and §2 (pod security, references).
+    pub namespaces: Cache<NamespaceView>,
     /// Opens once every watch has listed.
     pub synced: SyncGate,
     /// Opens once the watches the wire form reads (the custom resources and pods) have

@@ -11,16 +11,16 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
-use super::cache::{Slot, slot_of};
+use super::cache::{Slot, slot, slot_of};
 use super::list::PAGE;
 use super::{
-    Cache, MANAGED_SELECTOR, OFFER_SELECTOR, OfferedSecret, OfferedServiceAccount, PodView,
-    SecretView, Store, controller_of,
+    Cache, MANAGED_SELECTOR, NamespaceView, OFFER_SELECTOR, OfferedSecret, OfferedServiceAccount,
+    PodView, SecretView, Store, controller_of,
 };
 use crate::backoff::{Backoff, system_random};
 use crate::crd::{Agent, Key, Kind, Memory, Runtime, Tool};
@@ -47,6 +47,8 @@ pub enum Object<'a> {
     /// An offer made or withdrawn (TRUST.md §2).
     OfferedSecret(&'a OfferedSecret),
     OfferedServiceAccount(&'a OfferedServiceAccount),
+    /// A namespace's labels set (TRUST.md §1, §2).
+    Namespace(&'a NamespaceView),
 }
 
 /// What a watch saw: an object now in the cache, or one that left it.
@@ -94,7 +96,8 @@ impl Seen<'_> {
             Object::Service(_)
             | Object::Secret(_)
             | Object::OfferedSecret(_)
-            | Object::OfferedServiceAccount(_) => None,
+            | Object::OfferedServiceAccount(_)
+            | Object::Namespace(_) => None,
         }
     }
 }
@@ -115,6 +118,25 @@ pub fn spawn(
     } else {
         namespaces.iter().cloned().map(Some).collect()
     };
+    for scope in &scopes {
+        // The namespaces themselves, for their labels: all of them, or each watched one
+        // by name (the chart grants no more).
+        let source = Source::cluster_scoped(client, scope.clone());
+        let listener = listener.clone();
+        let on_change = move |n: &NamespaceView, removed| {
+            listener(Seen {
+                object: Object::Namespace(n),
+                removed,
+            })
+        };
+        let span = tracing::info_span!(
+            "watch",
+            kind = "Namespace",
+            namespace = scope.as_deref().unwrap_or("*")
+        );
+        let fed = drive(source, false, store.clone(), |s| &s.namespaces, on_change);
+        tasks.spawn(fed.instrument(span));
+    }
     for scope in scopes {
         let w = Watch {
             store,
@@ -186,29 +208,63 @@ impl Watch<'_> {
                 removed,
             })
         };
-        let source = Source {
-            client: self.client.clone(),
-            scope: self.scope.clone(),
-            selector: selector.map(str::to_owned),
-        };
+        let source = Source::namespaced(self.client, self.scope.clone(), selector);
         let fed = drive(source, wire, self.store.clone(), cache, on_change);
         tasks.spawn(fed.instrument(span));
     }
 }
 
-/// Where one watch reads: a type's objects in one namespace (or all), with a selector.
+/// Where one watch reads: a type's objects in one namespace (or all), with a selector;
+/// or the one cluster-scoped object `name`.
 struct Source {
     client: Client,
     scope: Option<String>,
+    name: Option<String>,
     selector: Option<String>,
+    /// A watch the RBAC refuses runs as one that listed nothing (and keeps retrying):
+    /// what it would bring only widens what the manager does (offers, namespace labels).
+    refusable: bool,
 }
 
 impl Source {
-    /// The offer watches (TRUST.md §2) may be refused (a binary upgraded under an older
+    /// A namespaced kind's objects in `scope` (or every namespace), with `selector`. The
+    /// offer watches (TRUST.md §2) may be refused (a binary upgraded under an older
     /// chart's RBAC): the manager then runs with nothing offered, the safe side, rather
     /// than reconcile nothing at all.
-    fn may_be_refused(&self) -> bool {
-        self.selector.as_deref() == Some(OFFER_SELECTOR)
+    fn namespaced(client: &Client, scope: Option<String>, selector: Option<&str>) -> Source {
+        Source {
+            client: client.clone(),
+            scope,
+            name: None,
+            selector: selector.map(str::to_owned),
+            refusable: selector == Some(OFFER_SELECTOR),
+        }
+    }
+
+    /// A cluster-scoped kind's object `name` (or all of them): the namespaces, whose
+    /// labels only widen what the manager does (TRUST.md §1, §2), so that a refused
+    /// watch leaves every namespace at the configured level and the offer rule.
+    fn cluster_scoped(client: &Client, name: Option<String>) -> Source {
+        Source {
+            client: client.clone(),
+            scope: None,
+            name,
+            selector: None,
+            refusable: true,
+        }
+    }
+
+    fn fields(&self) -> Option<String> {
+        self.name.as_ref().map(|n| format!("metadata.name={n}"))
+    }
+
+    /// Whether a cache entry is this source's to prune when a list did not bring it.
+    fn holds(&self, key: &str) -> bool {
+        match (&self.name, &self.scope) {
+            (Some(name), _) => key == &*slot("", name),
+            (None, Some(ns)) => key.starts_with(&*slot(ns, "")),
+            (None, None) => true,
+        }
     }
 }
 
@@ -266,7 +322,7 @@ fn drive<K>(
     on_change: impl Fn(&K, bool) + Send + Sync,
 ) -> impl Future<Output = ()> + Send
 where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    K: Resource<DynamicType = ()>
         + ResourceExt
         + Clone
         + DeserializeOwned
@@ -287,11 +343,8 @@ where
             store.wire_synced.wait().await;
             store.later.wait().await;
         }
-        let api: Api<K> = match &source.scope {
-            Some(ns) => Api::namespaced(source.client.clone(), ns),
-            None => Api::all(source.client.clone()),
-        };
         let path = K::url_path(&(), source.scope.as_deref());
+        let request = kube::core::Request::new(&path);
         let mut retry = Backoff::new(RETRY_FIRST, RETRY_MAX).expect("valid backoff");
         let mut first_sync = true;
         // The version to resume watching from; none: list first.
@@ -304,6 +357,7 @@ where
                 // from etcd, in pages (see `store::list`).
                 let params = ListParams {
                     label_selector: source.selector.clone(),
+                    field_selector: source.fields(),
                     ..if first_sync && K::group(&()) == crate::crd::GROUP {
                         ListParams::default().match_any()
                     } else {
@@ -319,7 +373,7 @@ where
                 .await;
                 match listed {
                     Ok(v) => {
-                        for gone in c.prune(source.scope.as_deref(), &seen) {
+                        for gone in c.prune(|k| source.holds(k), &seen) {
                             on_change(&gone, true);
                         }
                         retry.reset();
@@ -338,9 +392,9 @@ where
                         }
                     }
                     Err(err) => {
-                        if first_sync && source.may_be_refused() && forbidden(&err) {
+                        if first_sync && source.refusable && forbidden(&err) {
                             first_sync = false;
-                            tracing::error!(error = %err, "may not list what the admin offered to agents: running with nothing offered (every serviceAccountName and Secret reference refused) until the RBAC allows it; grant list and watch, as the chart does");
+                            tracing::error!(error = %err, "may not list what the admin offered to agents or labelled on namespaces: running without it (every serviceAccountName and Secret reference refused, every namespace at the configured pod security level) until the RBAC allows it; grant list and watch, as the chart does");
                             store.synced.mark();
                         } else {
                             tracing::warn!(error = %err, "list failed, retrying");
@@ -352,11 +406,19 @@ where
             };
             let params = WatchParams {
                 label_selector: source.selector.clone(),
+                field_selector: source.fields(),
                 ..WatchParams::default().timeout(WATCH_TIMEOUT_S)
             };
             let c = cache(&store);
             let mut at = from;
-            let end = match api.watch(&params, &at).await {
+            let watched = match request.watch(&params, &at) {
+                Err(e) => Err(kube::Error::BuildRequest(e)),
+                Ok(mut req) => {
+                    req.extensions_mut().insert("watch");
+                    source.client.request_events::<K>(req).await
+                }
+            };
+            let end = match watched {
                 Err(err) => ended_by(&err),
                 Ok(stream) => {
                     let mut stream = stream.boxed();
@@ -515,11 +577,7 @@ mod tests {
         let api = Arc::new(Scripted::default());
         let store = Arc::new(Store::default());
         let removed = Arc::new(Mutex::new(Vec::new()));
-        let source = Source {
-            client: client(&api),
-            scope: Some("ns".into()),
-            selector: Some(MANAGED_SELECTOR.into()),
-        };
+        let source = Source::namespaced(&client(&api), Some("ns".into()), Some(MANAGED_SELECTOR));
         let list = api.answer();
         let gone = removed.clone();
         let on_change = move |p: &Agent, rm: bool| {
@@ -612,11 +670,7 @@ mod tests {
     /// `api`, into a store of its own.
     fn pods_loop(api: &Arc<Scripted>) -> (Arc<Store>, tokio::task::JoinHandle<()>) {
         let store = Arc::new(Store::default());
-        let source = Source {
-            client: client(api),
-            scope: None,
-            selector: None,
-        };
+        let source = Source::namespaced(&client(api), None, None);
         let task = tokio::spawn(drive(source, true, store.clone(), |s| &s.pods, |_, _| {}));
         (store, task)
     }
@@ -698,11 +752,7 @@ mod tests {
             store.wire_synced.expect();
             store.wire_synced.mark();
             store.later.open();
-            let source = Source {
-                client: client(&api),
-                scope: Some("ns".into()),
-                selector: Some(selector.into()),
-            };
+            let source = Source::namespaced(&client(&api), Some("ns".into()), Some(selector));
             api.refuse();
             let task = tokio::spawn(drive(
                 source,
@@ -719,5 +769,37 @@ mod tests {
             assert_eq!(store.synced.is_synced(), opens, "{selector}");
             task.abort();
         }
+    }
+
+    /// A refused namespace watch (TRUST.md's labels) opens the sync gate too, with no
+    /// namespace known (every one at the configured level), and retries; a namespace
+    /// watched by name asks for that one alone.
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_namespace_watch_runs_with_no_labels_and_retries() {
+        let api = Arc::new(Scripted::default());
+        let store = Arc::new(Store::default());
+        store.wire_synced.expect();
+        store.wire_synced.mark();
+        store.later.open();
+        let source = Source::cluster_scoped(&client(&api), Some("team-a".into()));
+        api.refuse();
+        let task = tokio::spawn(drive(
+            source,
+            false,
+            store.clone(),
+            |s| &s.namespaces,
+            |_: &NamespaceView, _| {},
+        ));
+        let (uri, _) = api.next_request().await;
+        assert!(
+            uri.contains("/api/v1/namespaces?")
+                && uri.contains("fieldSelector=metadata.name%3Dteam-a"),
+            "{uri}"
+        );
+        api.refuse();
+        api.next_request().await;
+        assert!(store.synced.is_synced());
+        assert_eq!(store.namespaces.count(), 0);
+        task.abort();
     }
 }

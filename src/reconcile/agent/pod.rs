@@ -112,11 +112,8 @@ fn build(
             .clone()
             .or_else(|| tpl.and_then(|t| t.resources.clone())),
         volume_mounts: Some(vec![mount.clone()]),
-        // Merged over the restricted defaults under `restricted`, never swapped for them.
-        security_context: Some(podsecurity::merge_defaults(
-            level,
-            tpl.and_then(|t| t.security_context.clone()),
-        )),
+        // Set below: merged over the restricted defaults under `restricted`.
+        security_context: None,
         ..Default::default()
     };
     let field_env = |name: &str, path: &str| EnvVar {
@@ -147,7 +144,7 @@ fn build(
         security_context: Some(common::restricted_security()),
         ..Default::default()
     };
-    let pod_spec = PodSpec {
+    let mut pod_spec = PodSpec {
         containers: vec![agentlet, runtime_container],
         restart_policy: Some(spec.restart_policy.as_str().into()),
         service_account_name: spec.service_account_name.clone(),
@@ -162,11 +159,19 @@ fn build(
         }]),
         ..Default::default()
     };
+    // The hash is of the template's securityContext as written (the defaults without
+    // one), not of what the level merges in: a namespace's level changing makes no pod
+    // look changed. The level decides what a pod may be when one is made; a running pod
+    // stays until the Agent's spec changes (README, "What a tenant gets").
+    let written = tpl.and_then(|t| t.security_context.clone());
+    let runtime_at = 1; // [agentlet, runtime]
+    pod_spec.containers[runtime_at].security_context =
+        Some(written.clone().unwrap_or_else(common::restricted_security));
+    let hash = common::spec_hash(&pod_spec);
+    pod_spec.containers[runtime_at].security_context =
+        Some(podsecurity::merge_defaults(level, written));
     let mut meta = common::child_meta(agent, Kind::Agent, name);
-    meta.annotations = Some(BTreeMap::from([(
-        common::SPEC_HASH.to_owned(),
-        common::spec_hash(&pod_spec),
-    )]));
+    meta.annotations = Some(BTreeMap::from([(common::SPEC_HASH.to_owned(), hash)]));
     Ok(Pod {
         metadata: meta,
         spec: Some(pod_spec),
