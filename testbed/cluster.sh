@@ -651,7 +651,7 @@ cmd_up() {
     ensure_packages "${pkgs[@]}"
 
     # Fresh state every time (fresh etcd data in particular).
-    cmd_down
+    UP_MODE="$([[ "$full" == 1 ]] && echo full || echo apiserver-only)" cmd_down
     # Something else on our ports (another bed's API server) would answer our health
     # checks, and this bed would report ready while the caller writes into the other.
     local port tries
@@ -871,13 +871,16 @@ clean_cgroups() {
     done
 }
 
-# PIDs of running kubelet/kube-proxy processes built by build-k8s.sh.
+# PIDs of running kubelet/kube-proxy processes built by build-k8s.sh. A process's exe
+# is its binary's real path: the build's folder may be reached through a link (a
+# rehearsal's cache links this machine's build), so compare real paths.
 testbed_node_pids() {
-    local p exe
+    local p exe bin
+    bin="$(readlink -f "$K8S_BIN_DIR" 2>/dev/null || echo "$K8S_BIN_DIR")"
     for p in /proc/[0-9]*; do
         exe="$(readlink "${p}/exe" 2>/dev/null || true)"
         exe="${exe% (deleted)}"
-        if [[ "$exe" == "${K8S_BIN_DIR}/kubelet" || "$exe" == "${K8S_BIN_DIR}/kube-proxy" ]] && pid_alive "${p#/proc/}"; then
+        if [[ "$exe" == "${bin}/kubelet" || "$exe" == "${bin}/kube-proxy" ]] && pid_alive "${p#/proc/}"; then
             printf '%s\n' "${p#/proc/}"
         fi
     done
@@ -889,7 +892,10 @@ cmd_down() {
     t0="$(now_s)"
     # An apiserver-only bed made no bridge, iptables chain or pod cgroup: its `down`
     # touches nothing outside its state dir (another bed on the machine may own them).
-    local mode=""
+    # A state dir without a mode (none yet: `up` cleans before it starts) is taken for
+    # the mode `up` is about to start (UP_MODE), never for a node's: an apiserver-only
+    # bed's first `up` must not tear down the shared bed's bridge.
+    local mode="${UP_MODE:-}"
     [[ -f "${STATE}/mode" ]] && mode="$(cat "${STATE}/mode")"
     # A state dir holding our files is recognised by the pids/ dir or the mode file.
     if [[ -d "$STATE" ]]; then
@@ -902,7 +908,7 @@ cmd_down() {
     # (ours is stopped by now) still runs, e.g. one with another state dir.
     local other
     other="$(testbed_node_pids)"
-    if [[ "$mode" == apiserver-only ]]; then
+    if [[ "$mode" != full && -n "$mode" ]]; then
         :
     elif [[ -z "$other" ]]; then
         if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE" || true; fi

@@ -49,11 +49,10 @@ impl Drop for Scratch {
     }
 }
 
-#[test]
-fn two_private_beds_started_at_once_on_an_empty_pki_cache_both_come_up() {
-    // An empty cache but for the Kubernetes build (linked, as the rehearsal of a fresh
-    // machine reuses it): no PKI yet.
-    let cache = Scratch::new("autonomic-testbed-cache");
+/// An empty cache but for the Kubernetes build (linked, as the rehearsal of a fresh
+/// machine reuses it): no PKI yet.
+fn linked_cache(name: &str) -> Scratch {
+    let cache = Scratch::new(name);
     let builds: Vec<String> = entries(&machine_cache())
         .into_iter()
         .filter(|n| n.starts_with("k8s-"))
@@ -66,6 +65,12 @@ fn two_private_beds_started_at_once_on_an_empty_pki_cache_both_come_up() {
     for name in &builds {
         std::os::unix::fs::symlink(machine_cache().join(name), cache.path().join(name)).unwrap();
     }
+    cache
+}
+
+#[test]
+fn two_private_beds_started_at_once_on_an_empty_pki_cache_both_come_up() {
+    let cache = linked_cache("autonomic-testbed-cache");
 
     let beds = [
         OwnBed::with_cache(cache.path()),
@@ -110,4 +115,25 @@ fn two_private_beds_started_at_once_on_an_empty_pki_cache_both_come_up() {
         ca(&beds[0].dir),
         std::fs::read(pki.join(keys[0]).join("ca.crt")).unwrap()
     );
+}
+
+/// A private API-server-only bed started and stopped beside the node bed leaves the
+/// node's host-wide state alone. Its `up` cleans its state dir first, before the dir
+/// says which mode it is; that clean once took the kubelet, run from the build's real
+/// path while this bed's cache reaches the build through a link (as a rehearsal's
+/// does), for no node at all, and deleted the pods' bridge and kube-proxy's rules under
+/// every running pod: probes then failed with "no route to host" (three rehearsals).
+#[test]
+fn a_private_bed_beside_the_node_bed_leaves_its_bridge_alone() {
+    support::require_node();
+    let bridge = std::env::var("AUTONOMIC_TESTBED_BRIDGE").unwrap_or("autonomic-tb0".into());
+    let index = || std::fs::read_to_string(format!("/sys/class/net/{bridge}/ifindex")).ok();
+    let before = index().unwrap_or_else(|| panic!("no bridge {bridge}: is the node bed up?"));
+    {
+        let cache = linked_cache("autonomic-testbed-beside");
+        let bed = OwnBed::with_cache(cache.path());
+        bed.bring_up();
+        assert_eq!(index().as_ref(), Some(&before), "bridge {bridge} gone at up");
+    }
+    assert_eq!(index(), Some(before), "bridge {bridge} gone at down");
 }
