@@ -297,13 +297,14 @@ async fn authorizes(bed: &OwnBed, ns: &str) {
                 );
                 ok && out.trim() == "yes"
             }) && {
-                // The namespace itself, by name, for its labels.
+                // The namespace itself, by name, for its labels (kubectl warns on stderr
+                // that namespaces are not namespaced).
                 let named = format!("namespaces/{ns}");
                 let (ok, out) = kubectl(
                     &[&kubeconfig, "auth", "can-i", "watch", &named, &user],
                     None,
                 );
-                ok && out.trim() == "yes"
+                ok && out.lines().any(|l| l.trim() == "yes")
             }
         },
     )

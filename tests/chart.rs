@@ -171,12 +171,16 @@ fn watched_namespaces_get_roles_and_no_cluster_wide_workload_access() {
             .iter()
             .all(|r| r["metadata"]["name"] != "autonomic-manager-events")
     );
-    // The one ClusterRole left reads one namespace by name, for the cluster id.
+    // The two ClusterRoles left read namespaces by name: one for the cluster id, one for
+    // the watched namespaces' labels (TRUST.md).
     let cluster_roles = kinds(&docs, "ClusterRole");
-    assert_eq!(cluster_roles.len(), 1);
+    let rules: Vec<&Value> = cluster_roles.iter().map(|r| &r["rules"]).collect();
     assert_eq!(
-        cluster_roles[0]["rules"],
-        serde_json::json!([{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}])
+        rules,
+        [
+            &serde_json::json!([{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}]),
+            &serde_json::json!([{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["team-a", "team-b"], "verbs": ["list", "watch"]}]),
+        ]
     );
     assert_eq!(
         env(&docs, "AUTONOMIC_NAMESPACES").unwrap()["value"],
