@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -122,13 +122,43 @@ pub fn bound(event: &mut AuditEvent) {
     }
 }
 
+/// A queued event, and whether it is also in the in-cluster outbox (`connect::outbox`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Queued {
+    pub event: AuditEvent,
+    /// Written to the outbox: once sent, it is to be removed from there.
+    pub saved: bool,
+}
+
 pub struct AuditLog {
-    queue: Mutex<VecDeque<AuditEvent>>,
+    queue: Mutex<VecDeque<Queued>>,
     capacity: usize,
     dropped: AtomicU64,
     recorded: AtomicU64,
+    /// A connection is up and past its snapshot: an event recorded now is sent at once.
+    live: AtomicBool,
     /// Woken when an event is queued.
     pub notify: Notify,
+    /// Woken when an event is queued that cannot be sent at once, or when the connection
+    /// ends with events queued: the outbox's writer keeps them in the cluster.
+    pub keep: Notify,
+    /// The outbox's figures, for `/metrics`.
+    pub outbox: OutboxCounters,
+}
+
+/// What the outbox did, counted.
+#[derive(Default)]
+pub struct OutboxCounters {
+    /// Events dropped from the outbox because it was full (the oldest first).
+    pub dropped: AtomicU64,
+    /// Entries of the outbox that could not be read as an event, skipped.
+    pub malformed: AtomicU64,
+    /// Writes of the outbox (each a batch).
+    pub writes: AtomicU64,
+    /// Events in the outbox as last read or written.
+    pub events: AtomicU64,
+    /// Events sent from the outbox (written by this or an earlier manager).
+    pub delivered: AtomicU64,
 }
 
 impl Default for AuditLog {
@@ -144,7 +174,10 @@ impl AuditLog {
             capacity: capacity.max(1),
             dropped: AtomicU64::new(0),
             recorded: AtomicU64::new(0),
+            live: AtomicBool::new(false),
             notify: Notify::new(),
+            keep: Notify::new(),
+            outbox: OutboxCounters::default(),
         }
     }
 
@@ -172,19 +205,43 @@ impl AuditLog {
             q.pop_front();
             self.dropped.fetch_add(1, Relaxed);
         }
-        q.push_back(event);
+        q.push_back(Queued {
+            event,
+            saved: false,
+        });
         drop(q);
         self.notify.notify_one();
+        if !self.is_live() {
+            self.keep.notify_one();
+        }
     }
 
     /// Takes every queued event, oldest first.
     pub fn drain(&self) -> Vec<AuditEvent> {
+        self.drain_queued().into_iter().map(|q| q.event).collect()
+    }
+
+    /// Takes every queued event with whether it is in the outbox, oldest first.
+    pub fn drain_queued(&self) -> Vec<Queued> {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         q.drain(..).collect()
     }
 
     /// Puts events back at the front (a send failed), keeping the bound.
     pub fn requeue(&self, events: Vec<AuditEvent>) {
+        self.requeue_queued(
+            events
+                .into_iter()
+                .map(|event| Queued {
+                    event,
+                    saved: false,
+                })
+                .collect(),
+        );
+    }
+
+    /// Puts events back at the front (a send failed), keeping the bound.
+    pub fn requeue_queued(&self, events: Vec<Queued>) {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         for e in events.into_iter().rev() {
             if q.len() >= self.capacity {
@@ -193,6 +250,41 @@ impl AuditLog {
             }
             q.push_front(e);
         }
+        let unsaved = q.iter().any(|e| !e.saved);
+        drop(q);
+        if unsaved && !self.is_live() {
+            self.keep.notify_one();
+        }
+    }
+
+    /// The queued events not yet in the outbox, oldest first (copies: they stay queued).
+    pub fn unsaved(&self) -> Vec<AuditEvent> {
+        let q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.iter()
+            .filter(|e| !e.saved)
+            .map(|e| e.event.clone())
+            .collect()
+    }
+
+    /// The events of these ids are in the outbox now.
+    pub fn mark_saved(&self, ids: &std::collections::HashSet<String>) {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        for e in q.iter_mut().filter(|e| ids.contains(&e.event.id)) {
+            e.saved = true;
+        }
+    }
+
+    /// A connection is up and past its snapshot (`true`), or it ended (`false`): the
+    /// writer of the outbox is woken when events wait.
+    pub fn set_live(&self, live: bool) {
+        self.live.store(live, Relaxed);
+        if !live && self.queued() > 0 {
+            self.keep.notify_one();
+        }
+    }
+
+    pub fn is_live(&self) -> bool {
+        self.live.load(Relaxed)
     }
 
     pub fn queued(&self) -> usize {

@@ -244,6 +244,31 @@ fn metrics(ctx: &Probe) -> String {
             link.audit.dropped() as f64,
         ),
         (
+            "autonomic_audit_outbox_events",
+            "Audit events in the in-cluster outbox, as last read or written.",
+            n(&link.audit.outbox.events),
+        ),
+        (
+            "autonomic_audit_outbox_writes_total",
+            "Writes of the audit outbox (each a batch of events or removals).",
+            n(&link.audit.outbox.writes),
+        ),
+        (
+            "autonomic_audit_outbox_dropped_total",
+            "Audit events dropped from the outbox because it was full (the oldest).",
+            n(&link.audit.outbox.dropped),
+        ),
+        (
+            "autonomic_audit_outbox_malformed_total",
+            "Entries of the audit outbox skipped because they were no event.",
+            n(&link.audit.outbox.malformed),
+        ),
+        (
+            "autonomic_audit_outbox_delivered_total",
+            "Audit events sent from the outbox that this manager had not queued itself.",
+            n(&link.audit.outbox.delivered),
+        ),
+        (
             "autonomic_queue_depth",
             "Objects waiting to be reconciled.",
             ctx.queue.depth() as f64,

@@ -8,6 +8,7 @@ pub mod control;
 pub mod events;
 pub mod frame;
 pub mod http;
+pub mod outbox;
 pub mod progress;
 pub mod session;
 pub mod shell;
@@ -51,6 +52,9 @@ pub struct Link {
     dirty: Mutex<HashMap<Key, (Changed, Instant)>>,
     pub dirty_notify: Notify,
     pub audit: AuditLog,
+    /// The audit outbox in the manager's namespace (WebSocket transport, once the
+    /// connector runs).
+    pub outbox: std::sync::OnceLock<Arc<outbox::Outbox>>,
     pub connected: AtomicBool,
     pub reconnects: AtomicU64,
     pub snapshots_sent: AtomicU64,
@@ -267,7 +271,24 @@ pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
     }
     let dial =
         |config: Arc<Config>, token: Token| async move { socket::dial(&config, &token).await };
-    run_with(ctx, shutdown, ids, reconnect, dial, backoff::system_random).await
+    // The audit outbox (issue 27): written while events cannot be sent, drained by the
+    // next session after its snapshot.
+    let backend = outbox::ConfigMapBackend::new(ctx.kube.client().clone(), &config.pod_namespace);
+    let outbox = ctx
+        .link
+        .outbox
+        .get_or_init(|| Arc::new(outbox::Outbox::new(Arc::new(backend))))
+        .clone();
+    let (stop_writer, writer_stop) = watch::channel(false);
+    let writer = tokio::spawn({
+        let link = ctx.link.clone();
+        async move { outbox.run(&link.audit, writer_stop).await }
+            .instrument(tracing::info_span!("outbox"))
+    });
+    run_with(ctx, shutdown, ids, reconnect, dial, backoff::system_random).await;
+    // The sessions' last events (their closes) are recorded by now: one last write.
+    let _ = stop_writer.send(true);
+    let _ = writer.await;
 }
 
 /// The WebSocket dial loop of [`run`]: dials with `dial`, runs a session until it ends,

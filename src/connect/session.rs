@@ -227,23 +227,68 @@ impl<S: Transport> Conn<'_, S> {
     }
 
     async fn flush_audit(&mut self) -> Result<(), End> {
-        let events = self.link().audit.drain();
-        let mut iter = events.into_iter();
-        while let Some(event) = iter.next() {
-            if let Err(e) = self
-                .send(&Frame::Audit(frame::Audit {
-                    event: event.clone(),
-                }))
-                .await
-            {
+        let queued = self.link().audit.drain_queued();
+        self.send_audit(queued).await
+    }
+
+    /// After the snapshot: the outbox's events first (written by this manager or an
+    /// earlier one), in order, then this manager's queue, the events of both once.
+    /// From here on an event recorded is sent at once.
+    async fn drain_audit(&mut self) -> Result<(), End> {
+        let link = self.link();
+        let outbox = match link.outbox.get() {
+            Some(o) => o.read_for_send(&link.audit.outbox).await,
+            None => Vec::new(),
+        };
+        link.audit.set_live(true);
+        let queued = link.audit.drain_queued();
+        let ours: std::collections::HashSet<&str> =
+            queued.iter().map(|q| q.event.id.as_str()).collect();
+        // The outbox's events this manager did not queue itself came before its own.
+        let mut all: Vec<crate::audit::Queued> = outbox
+            .into_iter()
+            .filter(|e| !ours.contains(e.id.as_str()))
+            .map(|event| crate::audit::Queued { event, saved: true })
+            .collect();
+        let delivered = all.len() as u64;
+        all.extend(queued);
+        self.send_audit(all).await?;
+        self.link()
+            .audit
+            .outbox
+            .delivered
+            .fetch_add(delivered, Relaxed);
+        Ok(())
+    }
+
+    /// Sends the events in order; those in the outbox are removed from it once sent.
+    /// A failed send puts the rest back at the front of the queue.
+    async fn send_audit(&mut self, queued: Vec<crate::audit::Queued>) -> Result<(), End> {
+        let mut sent = Vec::new();
+        let mut iter = queued.into_iter();
+        let mut result = Ok(());
+        while let Some(q) = iter.next() {
+            let frame = Frame::Audit(frame::Audit {
+                event: q.event.clone(),
+            });
+            if let Err(e) = self.send(&frame).await {
                 // Not sent: back in the queue for the next connection.
                 self.link()
                     .audit
-                    .requeue(std::iter::once(event).chain(iter).collect());
-                return Err(e);
+                    .requeue_queued(std::iter::once(q).chain(iter).collect());
+                result = Err(e);
+                break;
+            }
+            if q.saved {
+                sent.push(q.event.id);
             }
         }
-        Ok(())
+        if !sent.is_empty()
+            && let Some(outbox) = self.link().outbox.get()
+        {
+            outbox.sent(sent);
+        }
+        result
     }
 
     async fn error(
@@ -467,7 +512,10 @@ async fn run_with<S: Transport>(
         written,
         shutdown: shutdown.clone(),
     };
-    let end = match drive(&mut conn, hello, shutdown, on_welcome).await {
+    let driven = drive(&mut conn, hello, shutdown, on_welcome).await;
+    // What is recorded from here on waits for the next connection (and the outbox).
+    ctx.link.audit.set_live(false);
+    let end = match driven {
         // A shutdown asked for is reported as such even when the peer went away in the
         // same instant and its branch of the select won.
         Ok(()) | Err(End::Shutdown) | Err(End::Dropped(_)) if *shutdown.borrow() => {
@@ -543,7 +591,7 @@ async fn drive<S: Transport>(
     let heartbeat = welcome.heartbeat_interval();
     conn.write_bound = write_bound(heartbeat);
     conn.snapshot().await?;
-    conn.flush_audit().await?;
+    conn.drain_audit().await?;
 
     let mut heartbeat_tick = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
     let snapshot_every = welcome.snapshot_interval();
@@ -769,6 +817,72 @@ mod tests {
         };
         assert_eq!(Instant::now() - start_at, Duration::from_secs(11));
         stopped(cp, stop, task).await;
+    }
+
+    /// Issue 27: after its snapshot a session sends the outbox's events (an earlier
+    /// manager's) first, in order, then its own queue, each once; what was in the outbox
+    /// is removed once sent; an event recorded while live costs no write.
+    #[tokio::test(start_paused = true)]
+    async fn the_outbox_is_sent_after_the_snapshot_before_newer_events_and_emptied() {
+        use crate::connect::outbox::{MemoryBackend, Outbox, parse, tests::event};
+        let ctx = crate::connect::test_context();
+        let backend = Arc::new(MemoryBackend::default());
+        let outbox = Arc::new(Outbox::new(backend.clone()));
+        assert!(ctx.link.outbox.set(outbox.clone()).is_ok());
+        let line = |id: &str| serde_json::to_string(&event(id)).unwrap();
+        // An earlier manager's p1..p3 and a line that is none; this one's o1 is in the
+        // outbox too (its writer ran), o2 not yet.
+        backend.set_text(&format!(
+            "{}\n{}\n{{broken\n{}\n{}\n",
+            line("p1"),
+            line("p2"),
+            line("p3"),
+            line("o1")
+        ));
+        ctx.link.audit.record(event("o1"));
+        ctx.link
+            .audit
+            .mark_saved(&["o1".to_owned()].into_iter().collect());
+        ctx.link.audit.record(event("o2"));
+        let (stop_writer, writer_stop) = watch::channel(false);
+        let writer = tokio::spawn({
+            let (o, link) = (outbox.clone(), ctx.link.clone());
+            async move { o.run(&link.audit, writer_stop).await }
+        });
+
+        let (mut cp, stop, _, task) = start_in(ctx.clone(), 1 << 20, answer_control).await;
+        next_frame(&mut cp).await;
+        cp.send(Message::text(WELCOME_2S)).await.unwrap();
+        let Frame::Snapshot(_) = next_frame(&mut cp).await else {
+            panic!("expected a snapshot")
+        };
+        let mut sent = Vec::new();
+        for _ in 0..5 {
+            let Frame::Audit(a) = next_frame(&mut cp).await else {
+                panic!("expected an audit event")
+            };
+            sent.push(a.event.id);
+        }
+        assert_eq!(sent, ["p1", "p2", "p3", "o1", "o2"]);
+        assert_eq!(ctx.link.audit.outbox.malformed.load(Relaxed), 1);
+        assert_eq!(ctx.link.audit.outbox.delivered.load(Relaxed), 3);
+        // Removed once sent, in one write.
+        let writes = backend.writes.load(Relaxed);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(backend.text(), "");
+        assert_eq!(backend.writes.load(Relaxed), writes + 1);
+        // Live: an event is sent at once and never written.
+        ctx.link.audit.record(event("n1"));
+        let Frame::Audit(a) = next_frame(&mut cp).await else {
+            panic!("expected an audit event")
+        };
+        assert_eq!(a.event.id, "n1");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(backend.writes.load(Relaxed), writes + 1);
+        assert!(parse(&backend.text(), &Default::default()).is_empty());
+        stopped(cp, stop, task).await;
+        stop_writer.send(true).unwrap();
+        writer.await.unwrap();
     }
 
     #[test]
