@@ -43,6 +43,8 @@ async fn check(kubeconfig: &Path, namespace: &str, env: &[(&str, String)]) -> Ch
         .env_clear()
         .env("KUBECONFIG", kubeconfig)
         .env("AUTONOMIC_NAMESPACES", namespace)
+        // The manager's namespace, as the chart's pod has it: the audit outbox's there.
+        .env("POD_NAMESPACE", namespace)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
     let run = tokio::task::spawn_blocking(move || cmd.output().expect("run check"));
     let out = tokio::time::timeout(Duration::from_secs(120), run)
@@ -88,7 +90,8 @@ async fn cluster_lines(
 ) -> Vec<String> {
     let (server, version) = api_server(client).await;
     let rbac = if managed {
-        format!("44 permissions allowed (namespace {ns}, namespace kube-system)")
+        // Managed: the audit outbox's 3 in the manager's namespace too.
+        format!("47 permissions allowed (namespace {ns}, namespace kube-system)")
     } else {
         format!("43 permissions allowed (namespace {ns})")
     };

@@ -27,6 +27,9 @@ pub enum Scope {
     /// Cluster-scoped: the watched namespaces themselves, for their labels (TRUST.md);
     /// by name when only some are watched.
     Namespaces,
+    /// The manager's own namespace, in managed mode over the WebSocket: the audit
+    /// outbox (a ConfigMap).
+    Outbox,
 }
 
 /// One RBAC rule the manager needs.
@@ -62,6 +65,7 @@ const CR_STATUS: &[&str] = &[
     "memories/status",
 ];
 const LEASE_NAME: &str = "autonomic-manager";
+const OUTBOX_NAME: &str = "autonomic-audit-outbox";
 
 /// Every verb the manager uses, on what: the one list `check` asks the API server about.
 /// A unit test holds it equal to the chart's rules (`charts/autonomic/templates/`).
@@ -117,6 +121,20 @@ pub const RULES: &[Rule] = &[
         names: &[],
         scope: Scope::Namespaces,
     },
+    Rule {
+        group: "",
+        resources: &["configmaps"],
+        verbs: &["get", "update"],
+        names: &[OUTBOX_NAME],
+        scope: Scope::Outbox,
+    },
+    Rule {
+        group: "",
+        resources: &["configmaps"],
+        verbs: &["create"],
+        names: &[],
+        scope: Scope::Outbox,
+    },
 ];
 
 /// One question for the API server: may I `verb` `resource` (`name`) in `namespace`
@@ -165,7 +183,10 @@ fn permissions(config: &Config) -> Vec<Permission> {
             Scope::OwnEvents if config.managed && !config.pod_uid.is_empty() => {
                 vec![Some(config.pod_namespace.clone())]
             }
-            Scope::Lease | Scope::ClusterId | Scope::OwnEvents => continue,
+            Scope::Outbox if config.managed && config.transport == crate::config::Transport::Ws => {
+                vec![Some(config.pod_namespace.clone())]
+            }
+            Scope::Lease | Scope::ClusterId | Scope::OwnEvents | Scope::Outbox => continue,
             Scope::Namespaces => vec![None],
         };
         let names: Vec<Option<String>> = if rule.scope == Scope::Namespaces {
@@ -268,6 +289,7 @@ pub(super) async fn rbac(config: &Config, client: &kube::Client) -> Line {
                 (_, Some(name)) if p.resource == "leases" => {
                     format!("the Lease {name} in namespace {}", config.pod_namespace)
                 }
+                (Some(ns), _) if p.resource == "configmaps" => format!("namespace {ns}"),
                 // `namespace kube-system`
                 (None, Some(name)) => format!("{} {name}", p.resource.trim_end_matches('s')),
                 (Some(ns), None) => format!("namespace {ns}"),
@@ -378,8 +400,15 @@ mod tests {
             ("POD_UID", "u-1"),
         ]));
         // Workload, namespaces (2), Lease (3), cluster id (1), link Events in the manager's
-        // namespace (2).
-        assert_eq!(all.len(), 41 + 2 + 3 + 1 + 2);
+        // namespace (2), the audit outbox (3).
+        assert_eq!(all.len(), 41 + 2 + 3 + 1 + 2 + 3);
+        assert!(all.contains(&Permission {
+            namespace: Some("home".into()),
+            verb: "update",
+            group: "",
+            resource: "configmaps",
+            name: Some(crate::connect::outbox::NAME.into()),
+        }));
         assert!(all.contains(&Permission {
             namespace: Some("home".into()),
             verb: "create",
@@ -406,7 +435,14 @@ mod tests {
             ("AUTONOMIC_AUTH_TOKEN", "t"),
             ("AUTONOMIC_CLUSTER_ID", "prod"),
         ]));
-        assert_eq!(with_id.len(), 41 + 2, "outside a pod: no link Events");
+        assert_eq!(with_id.len(), 41 + 2 + 3, "outside a pod: no link Events");
+        let http = permissions(&config(&[
+            ("AUTONOMIC_MANAGED", "true"),
+            ("AUTONOMIC_AUTH_TOKEN", "t"),
+            ("AUTONOMIC_CLUSTER_ID", "prod"),
+            ("AUTONOMIC_TRANSPORT", "http"),
+        ]));
+        assert_eq!(http.len(), 41 + 2, "the legacy transport keeps no outbox");
         let a = attributes(&Permission {
             namespace: Some("x".into()),
             verb: "create",
@@ -491,6 +527,7 @@ mod tests {
                 // The Role for link Events in the release namespace (when it is not
                 // watched), told from the Lease's by its rules.
                 Some("Role") if doc["rules"][0]["resources"][0] == "events" => Scope::OwnEvents,
+                Some("Role") if doc["rules"][0]["resources"][0] == "configmaps" => Scope::Outbox,
                 Some("Role") => Scope::Lease,
                 // The namespaces' labels, told from the cluster id's by the verb.
                 Some("ClusterRole") if doc["rules"][0]["verbs"][0] == "list" => Scope::Namespaces,
@@ -507,7 +544,8 @@ mod tests {
                 Scope::Lease,
                 Scope::ClusterId,
                 Scope::OwnEvents,
-                Scope::Namespaces
+                Scope::Namespaces,
+                Scope::Outbox
             ]
         );
 
@@ -534,5 +572,6 @@ mod tests {
         }
         assert_eq!(table, chart);
         assert_eq!(LEASE_NAME, crate::leader::LEASE_NAME);
+        assert_eq!(OUTBOX_NAME, crate::connect::outbox::NAME);
     }
 }
