@@ -169,7 +169,7 @@ pub async fn serve(
 ) -> Result<(), Error> {
     let config = Arc::new(config);
     let probe_addr = listener.local_addr().unwrap_or(config.probe_addr);
-    let store = Arc::new(store::Store::default());
+    let store = Arc::new(store::Store::with_max_spec_bytes(config.max_spec_bytes));
     let link = Arc::new(connect::Link::default());
     let metrics = Arc::new(metrics::Metrics::default());
     let kube = cluster::Kube::new(client.clone(), &config.pod_name);

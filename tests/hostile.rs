@@ -10,8 +10,8 @@ mod support;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use autonomic_manager::crd::Runtime;
-use k8s_openapi::api::core::v1::Secret;
+use autonomic_manager::crd::{Agent, AgentPhase, Runtime};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::PostParams;
 use serde_json::{Value, json};
 use support::fake_cp::{FakeCp, Received};
@@ -516,6 +516,177 @@ async fn labelled_1_mib_secrets_in_a_user_namespace_are_bounded() {
     m2.wait_ready().await;
     cp2.wait_frame("a heartbeat", is_on("heartbeat", 1)).await;
     check("listed at start", m2.pid());
+}
+
+/// 60 Agents whose specs are 1 MiB each as JSON (256 args of 4 KiB: the CRD bounds the
+/// list, not its strings), in a watched namespace, past `AUTONOMIC_MAX_SPEC_BYTES`
+/// (256 KiB by default; TRUST.md §3): first created while a manager runs (its watch gets
+/// them one by one), then listed by a manager started afterwards. Each is kept as a
+/// stub and goes `Error`, reason `SpecTooLarge`, the message giving its size; no pod is
+/// made. The peak grows by less than 16 MiB for 60 MiB of specs: each passes through
+/// once (as a watch event, then the answer to its status write), none stays. Before
+/// the bound, the cache kept every spec whole (60 MiB).
+#[tokio::test]
+async fn sixty_agents_with_1_mib_specs_are_refused_and_not_kept() {
+    const AGENTS: usize = 60;
+    const BOUND_MIB: u64 = 16;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "hs-specs").await;
+    let (cp, mut m) = connected(&ns).await;
+    let peak = Peak::start(&m);
+    let args = vec!["a".repeat(4096); 256];
+    let agents = ns.api::<Agent>();
+    for i in 0..AGENTS {
+        let a: Agent = serde_json::from_value(json!({
+            "apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
+            "metadata": {"name": format!("big-{i:02}")},
+            "spec": {"runtime": {"image": "img:1", "args": args}},
+        }))
+        .unwrap();
+        agents
+            .create(&PostParams::default(), &a)
+            .await
+            .unwrap_or_else(|e| panic!("create Agent big-{i:02}: {e}"));
+    }
+    // Each reported refused to the control plane (polling the API server would read
+    // 60 MiB a time).
+    let refused = |r: &Value| {
+        r["kind"] == "Agent"
+            && r["phase"] == "Error"
+            && r["status"]["conditions"][0]["reason"] == "SpecTooLarge"
+    };
+    wait_until("every Agent reported Error/SpecTooLarge", || async {
+        let names: std::collections::HashSet<String> = cp
+            .frames()
+            .iter()
+            .flat_map(|f| f.resources())
+            .filter(|r| refused(r))
+            .filter_map(|r| r["name"].as_str().map(str::to_owned))
+            .collect();
+        names.len() == AGENTS
+    })
+    .await;
+    let grown = peak.assert_within("60 Agents with 1 MiB specs, watched", BOUND_MIB);
+    // As the API server has them, once.
+    for i in 0..AGENTS {
+        let a = agents.get(&format!("big-{i:02}")).await.unwrap();
+        let status = a.status.expect("a status");
+        assert_eq!(status.phase, Some(AgentPhase::Error), "big-{i:02}");
+        let ready = &status.conditions[0];
+        assert_eq!(
+            (ready.reason.as_str(), ready.status.as_str()),
+            ("SpecTooLarge", "False")
+        );
+        let message = status.message.unwrap_or_default();
+        let bytes: u64 = message
+            .strip_prefix("spec is ")
+            .and_then(|m| m.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no size in {message:?}"));
+        assert!(bytes > MIB, "{message}");
+        assert!(
+            message.ends_with("bytes as JSON, over the bound of 262144 (AUTONOMIC_MAX_SPEC_BYTES)"),
+            "{message}"
+        );
+    }
+    let pods = ns.api::<Pod>().list(&Default::default()).await.unwrap();
+    assert!(pods.items.is_empty(), "pods made from refused Agents");
+    assert_eq!(cp.accepted(), 1);
+    assert!(!m.logs().contains(DEAD));
+    let baseline = peak.before_kib;
+    m.stop("TERM");
+
+    // A manager that starts on them lists them (one request from the watch cache, read
+    // one object at a time), finds every status already written, and keeps no spec.
+    let cp2 = FakeCp::start().await;
+    cp2.set_welcome(2, 300);
+    let m2 = start(&ns.name, &cp2);
+    let snap = cp2
+        .wait_frame("the first snapshot", is_on("snapshot", 1))
+        .await;
+    let listed = snap.resources().into_iter().filter(|r| refused(r)).count();
+    assert_eq!(listed, AGENTS, "refused Agents in the first snapshot");
+    m2.wait_ready().await;
+    cp2.wait_frame("a heartbeat", is_on("heartbeat", 1)).await;
+    // From the first manager's peak on the empty namespace: the same process, started
+    // on them.
+    let peak2 = Peak {
+        pid: m2.pid(),
+        before_kib: baseline,
+    };
+    let grown2 = peak2.assert_within("60 Agents with 1 MiB specs, listed at start", BOUND_MIB);
+    eprintln!("60 Agents with 1 MiB specs: +{grown:.1} MiB watched, +{grown2:.1} MiB listed");
+}
+
+/// 30 pods labelled as the manager's own (`app.kubernetes.io/managed-by=autonomic`, which
+/// any namespace user can set) carrying 250 KiB of annotations each, 240 KiB of them an
+/// `autonomic.sh/context-summary` (the API server allows 256 KiB of annotations a pod):
+/// first created while a manager runs, then listed by a manager started afterwards. The
+/// pod cache keeps the summary cut to 4 KiB and no other annotation (TRUST.md §3), so
+/// the peak grows by less than 3 MiB; kept whole, the summaries alone were 7 MiB.
+#[tokio::test]
+async fn labelled_pods_with_250_kib_of_annotations_are_cut_when_read() {
+    const PODS: usize = 30;
+    const BOUND_MIB: u64 = 3;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "hs-annot").await;
+    let (cp, mut m) = connected(&ns).await;
+    let peak = Peak::start(&m);
+    let summary = "s".repeat(240 << 10);
+    let other = "o".repeat(10 << 10);
+    let pods = ns.api::<Pod>();
+    for i in 0..PODS {
+        let p: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("annotated-{i:02}"),
+                         "labels": {"app.kubernetes.io/managed-by": "autonomic"},
+                         "annotations": {"autonomic.sh/context-summary": summary,
+                                         "example.com/other": other}},
+            "spec": {"terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "c", "image": BUSYBOX_IMAGE,
+                                     "command": ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]}]},
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &p)
+            .await
+            .unwrap_or_else(|e| panic!("create pod annotated-{i:02}: {e}"));
+    }
+    // The watch has seen them all once a change made after them is reported; then a
+    // little longer for their first status changes (scheduled, started), each a watch
+    // event of the whole pod.
+    runtime(&ns, "after-the-pods").await;
+    reported_runtime(&cp, "after-the-pods").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let grown = peak.assert_within("30 pods with 250 KiB of annotations, watched", BOUND_MIB);
+    assert_eq!(cp.accepted(), 1);
+    assert!(!m.logs().contains(DEAD));
+    let baseline = peak.before_kib;
+    m.stop("TERM");
+
+    let cp2 = FakeCp::start().await;
+    cp2.set_welcome(2, 300);
+    let m2 = start(&ns.name, &cp2);
+    let snap = cp2
+        .wait_frame("the first snapshot", is_on("snapshot", 1))
+        .await;
+    assert!(
+        snap.resources()
+            .iter()
+            .any(|r| r["name"] == "after-the-pods")
+    );
+    m2.wait_ready().await;
+    cp2.wait_frame("a heartbeat", is_on("heartbeat", 1)).await;
+    let peak2 = Peak {
+        pid: m2.pid(),
+        before_kib: baseline,
+    };
+    let grown2 = peak2.assert_within(
+        "30 pods with 250 KiB of annotations, listed at start",
+        BOUND_MIB,
+    );
+    eprintln!(
+        "30 pods with 250 KiB of annotations: +{grown:.1} MiB watched, +{grown2:.1} MiB listed"
+    );
 }
 
 async fn reported_runtime(cp: &FakeCp, name: &str) {

@@ -148,6 +148,11 @@ pub const ENV_VARS: &[EnvVar] = &[
         "Pod Security Standards level (restricted, baseline or privileged) of the pods the manager creates in a namespace without the label autonomic.sh/pod-security",
     ),
     env(
+        "AUTONOMIC_MAX_SPEC_BYTES",
+        "262144",
+        "an Agent, Tool, Runtime or Memory whose spec is larger as JSON (bytes, at least 1) is not reconciled: Error, reason SpecTooLarge",
+    ),
+    env(
         "AUTONOMIC_MAX_SESSIONS",
         "16",
         "concurrent shell sessions on one connection",

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 
-use crate::crd::PodSecurityLevel;
+use crate::crd::{DEFAULT_MAX_SPEC_BYTES, PodSecurityLevel};
 use crate::egress::{NoProxy, Proxy};
 
 mod help;
@@ -126,6 +126,9 @@ pub struct Config {
     /// manager creates in a namespace without the label `autonomic.sh/pod-security`
     /// (TRUST.md §1).
     pub pod_security: PodSecurityLevel,
+    /// `AUTONOMIC_MAX_SPEC_BYTES`: an Agent, Tool, Runtime or Memory whose spec is larger
+    /// as JSON is kept as a stub and not reconciled (TRUST.md §3); at least 1.
+    pub max_spec_bytes: u64,
 }
 
 /// The default of `AUTONOMIC_ROLL_MAX`: ten Agents out of service at once is a small
@@ -352,6 +355,15 @@ impl Config {
                 n => n.min(100_000) as usize,
             },
             pod_security,
+            max_spec_bytes: match number("AUTONOMIC_MAX_SPEC_BYTES", DEFAULT_MAX_SPEC_BYTES)? {
+                0 => {
+                    return Err(ConfigError::Invalid {
+                        var: "AUTONOMIC_MAX_SPEC_BYTES",
+                        reason: "0 would refuse every object; the least is 1 (the default is 262144, 256 KiB)".into(),
+                    });
+                }
+                n => n,
+            },
         })
     }
 
@@ -500,6 +512,24 @@ mod tests {
     }
 
     #[test]
+    fn max_spec_bytes_is_256_kib_unless_set() {
+        assert_eq!(parse(&[]).unwrap().max_spec_bytes, 262_144);
+        let c = parse(&[("AUTONOMIC_MAX_SPEC_BYTES", " 1048576 ")]).unwrap();
+        assert_eq!(c.max_spec_bytes, 1 << 20);
+        let err = parse(&[("AUTONOMIC_MAX_SPEC_BYTES", "256Ki")]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "AUTONOMIC_MAX_SPEC_BYTES: expected a whole number, got \"256Ki\""
+        );
+        let err = parse(&[("AUTONOMIC_MAX_SPEC_BYTES", "0")]).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("AUTONOMIC_MAX_SPEC_BYTES: 0 would refuse every object"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn cluster_id_is_read_from_the_cluster_unless_set() {
         let c = parse(&[("POD_NAMESPACE", "autonomic-system"), ("HOSTNAME", "m-1")]).unwrap();
         assert_eq!(c.cluster_id, None);
@@ -562,6 +592,14 @@ mod tests {
             (
                 &[("AUTONOMIC_POD_SECURITY", "Restricted")],
                 "AUTONOMIC_POD_SECURITY",
+            ),
+            (
+                &[("AUTONOMIC_MAX_SPEC_BYTES", "-1")],
+                "AUTONOMIC_MAX_SPEC_BYTES",
+            ),
+            (
+                &[("AUTONOMIC_MAX_SPEC_BYTES", "0")],
+                "AUTONOMIC_MAX_SPEC_BYTES",
             ),
         ];
         for (vars, needle) in cases {

@@ -21,6 +21,11 @@ pub const API_VERSION: &str = "autonomic.sh/v1alpha1";
 /// The API group of the custom resources.
 pub const GROUP: &str = "autonomic.sh";
 
+/// The default of `AUTONOMIC_MAX_SPEC_BYTES` (TRUST.md §3): 256 KiB, far above what a
+/// spec written by hand holds, and a sixth of what the API server stores of one object
+/// (1.5 MiB). A larger spec, as JSON, is not kept (`store::spec`) nor reconciled.
+pub const DEFAULT_MAX_SPEC_BYTES: u64 = 256 << 10;
+
 /// The four kinds of RESOURCES.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub enum Kind {

@@ -89,6 +89,10 @@ pub enum Reason {
     /// A Secret referenced (an env `secretKeyRef`, a Memory's `secretRef`) is missing or
     /// not offered to agents: the same answer for both (TRUST.md §2).
     SecretNotAllowed,
+    /// The object's spec is larger as JSON than `AUTONOMIC_MAX_SPEC_BYTES`, or an Agent
+    /// references a Runtime, Tool or Memory whose spec is (TRUST.md §3): not reconciled,
+    /// a pod already running left as it is.
+    SpecTooLarge,
     // A container's waiting reason, as the kubelet says it.
     ImagePullBackOff,
     ErrImagePull,
@@ -104,7 +108,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for the documentation test.
-    pub const ALL: [Reason; 47] = {
+    pub const ALL: [Reason; 48] = {
         use Reason::*;
         [
             Running,
@@ -146,6 +150,7 @@ impl Reason {
             PodSecurityViolation,
             ServiceAccountNotAllowed,
             SecretNotAllowed,
+            SpecTooLarge,
             ImagePullBackOff,
             ErrImagePull,
             InvalidImageName,
@@ -199,6 +204,7 @@ impl Reason {
             PodSecurityViolation => "PodSecurityViolation",
             ServiceAccountNotAllowed => "ServiceAccountNotAllowed",
             SecretNotAllowed => "SecretNotAllowed",
+            SpecTooLarge => "SpecTooLarge",
             ImagePullBackOff => "ImagePullBackOff",
             ErrImagePull => "ErrImagePull",
             InvalidImageName => "InvalidImageName",

@@ -12,9 +12,11 @@ use kube::Resource;
 use crate::crd::{Kind, PhaseStatus, Reason};
 use crate::store::{MANAGED_BY, MANAGER, PodView};
 
+/// The most of a pod's context summary an Agent's status shows: the store cuts it to
+/// this when it reads the pod (TRUST.md §3).
+pub use crate::store::CONTEXT_SUMMARY_MAX;
 /// Hash of what the pod was built from; a different hash means "recreate".
 pub use crate::store::SPEC_HASH;
-pub const CONTEXT_SUMMARY_MAX: usize = 4096;
 
 /// Labels on every object created for custom resource `name` of `kind`.
 pub fn labels(kind: Kind, name: &str) -> BTreeMap<String, String> {

@@ -33,6 +33,10 @@ pub enum Source {
 /// `secret` is the referenced Secret, when there is a `secretRef` and it exists and is
 /// offered to agents.
 pub fn source(memory: &Memory, secret: Option<&Secret>) -> Source {
+    // A stub's spec is the default, not the user's (TRUST.md §3).
+    if let Err(e) = problem::check_spec_size(&memory.metadata) {
+        return Source::Invalid(e);
+    }
     if let Err(e) = problem::check_label_value(Kind::Memory, &memory.name_any()) {
         return Source::Invalid(e);
     }
@@ -197,6 +201,33 @@ mod tests {
                 Reason::InvalidSpec
             )
         );
+    }
+
+    /// TRUST.md §3: a Memory kept as a stub (its spec over the bound) is `Error`,
+    /// `SpecTooLarge`, both sizes in the message; it writes no Secret. Under the bound,
+    /// the same Memory has its URL.
+    #[test]
+    fn a_spec_over_the_bound_is_an_error() {
+        let store = crate::store::Store::with_max_spec_bytes(256);
+        let big = memory(&format!(
+            "{{backend: '{}', url: 'redis://r'}}",
+            "x".repeat(300)
+        ));
+        let bytes = serde_json::to_vec(&big.spec).unwrap().len();
+        let Source::Invalid(why) = source(&store.memories.insert(big), None) else {
+            panic!("a stub has a source")
+        };
+        assert_eq!(why.reason(), Reason::SpecTooLarge);
+        assert_eq!(
+            why.to_string(),
+            format!(
+                "spec is {bytes} bytes as JSON, over the bound of 256 (AUTONOMIC_MAX_SPEC_BYTES)"
+            )
+        );
+        let small = store
+            .memories
+            .insert(memory("{backend: redis, url: 'redis://r'}"));
+        assert_eq!(source(&small, None), Source::Url("redis://r".into()));
     }
 
     #[test]

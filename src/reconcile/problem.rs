@@ -4,9 +4,11 @@
 //! unreachable) are not here: they are `crate::Error` and retried.
 
 use super::podsecurity::Violation;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
 use crate::cluster::Refused;
 use crate::crd::{Kind, Reason};
-use crate::store::{PodView, controller_of};
+use crate::store::{Oversized, PodView, controller_of};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Problem {
@@ -73,6 +75,20 @@ pub enum Problem {
     /// TRUST.md §1: the pod would break its namespace's Pod Security Standards level.
     #[error(transparent)]
     PodSecurity(#[from] Violation),
+    /// TRUST.md §3: the spec is over `AUTONOMIC_MAX_SPEC_BYTES`; the store kept none of
+    /// it, so nothing is made from it.
+    #[error(
+        "spec is {} bytes as JSON, over the bound of {} (AUTONOMIC_MAX_SPEC_BYTES)",
+        .0.bytes,
+        .0.max
+    )]
+    SpecTooLarge(Oversized),
+    /// An Agent references a Runtime, Tool or Memory whose spec is over the bound: what
+    /// the Agent would take from it (its template, endpoint, backend) is not known.
+    #[error(
+        "{kind} {name:?} is not reconciled: its spec is over the bound of AUTONOMIC_MAX_SPEC_BYTES"
+    )]
+    ReferenceTooLarge { kind: Kind, name: String },
     /// A write the API server refused, or a same-named child that is not ours.
     #[error(transparent)]
     Refused(#[from] Refused),
@@ -100,6 +116,7 @@ impl Problem {
                 Reason::ServiceAccountNotAllowed
             }
             SecretNotAllowed(_) => Reason::SecretNotAllowed,
+            SpecTooLarge(_) | ReferenceTooLarge { .. } => Reason::SpecTooLarge,
             Refused(r) => refused_reason(r),
         }
     }
@@ -133,6 +150,28 @@ pub fn pod_not_ours(kind: Kind, pod: &PodView) -> Problem {
             holder: holder.to_owned(),
         },
         None => Problem::PodNotOwned { pod: name, kind },
+    }
+}
+
+/// TRUST.md §3: whether the store kept the object, whose metadata is `meta`, as a stub
+/// (its spec over `AUTONOMIC_MAX_SPEC_BYTES`). Every kind's validation asks this first:
+/// a stub's spec is its kind's default, not the user's.
+pub fn check_spec_size(meta: &ObjectMeta) -> Result<(), Problem> {
+    match Oversized::of(meta) {
+        Some(size) => Err(Problem::SpecTooLarge(size)),
+        None => Ok(()),
+    }
+}
+
+/// An Agent's reference `name` to a `kind` (Runtime, Tool, Memory) whose metadata is
+/// `meta`: refused when the store kept that object as a stub.
+pub fn check_reference_size(kind: Kind, name: &str, meta: &ObjectMeta) -> Result<(), Problem> {
+    match Oversized::of(meta) {
+        Some(_) => Err(Problem::ReferenceTooLarge {
+            kind,
+            name: name.to_owned(),
+        }),
+        None => Ok(()),
     }
 }
 
@@ -253,6 +292,22 @@ mod tests {
                 .into(),
                 "container \"runtime\": securityContext.privileged=true is not allowed under restricted",
                 Reason::PodSecurityViolation,
+            ),
+            (
+                Problem::SpecTooLarge(Oversized {
+                    bytes: 1 << 20,
+                    max: 256 << 10,
+                }),
+                "spec is 1048576 bytes as JSON, over the bound of 262144 (AUTONOMIC_MAX_SPEC_BYTES)",
+                Reason::SpecTooLarge,
+            ),
+            (
+                Problem::ReferenceTooLarge {
+                    kind: Kind::Runtime,
+                    name: s("big"),
+                },
+                "Runtime \"big\" is not reconciled: its spec is over the bound of AUTONOMIC_MAX_SPEC_BYTES",
+                Reason::SpecTooLarge,
             ),
             (
                 Refused::NotOurs {

@@ -24,7 +24,7 @@ use super::problem::{self, Problem};
 use super::{Context, Outcome, demand};
 use crate::Error;
 use crate::crd::{Kind, Reason, Tool, ToolPhase, ToolStatus};
-use crate::store::PodView;
+use crate::store::{Oversized, PodView};
 
 /// The message of a Tool without users and without a pod.
 pub const IDLE: &str = "idle: no Agent uses this tool";
@@ -44,7 +44,9 @@ pub fn endpoint(tool: &Tool) -> String {
 }
 
 /// What a schema cannot check: the name must serve as a Service name (DNS-1035 label).
+/// And first, that the store kept the spec (TRUST.md §3): a stub makes no Service.
 pub fn validate(tool: &Tool) -> Result<(), Problem> {
+    problem::check_spec_size(&tool.metadata)?;
     let name = tool.name_any();
     let dns1035 = name.len() <= 63
         && name.starts_with(|c: char| c.is_ascii_lowercase())
@@ -408,6 +410,12 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
 
     let phase = plan.phase;
     let valid = phase != ToolPhase::Error || current.is_some();
+    // A stub's port is the default, not the user's: the endpoint stays as last written.
+    let serving_at = if Oversized::of(&tool.metadata).is_some() {
+        tool.status.as_ref().and_then(|s| s.endpoint.clone())
+    } else {
+        valid.then(|| endpoint(&tool))
+    };
     let keeps_pod = phase != ToolPhase::Disabled
         && plan.action != PodAction::Delete
         && current
@@ -415,7 +423,7 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
             .is_some_and(|p| p.metadata.deletion_timestamp.is_none());
     let own = ToolStatus {
         pod_name: keeps_pod.then(|| pod_name(&name)),
-        endpoint: valid.then(|| endpoint(&tool)),
+        endpoint: serving_at,
         users: Some(i64::from(demand.users)),
         idle_since: plan.idle_since.map(Time),
         ..Default::default()
@@ -467,6 +475,40 @@ mod tests {
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    /// TRUST.md §3: a Tool kept as a stub (its spec over the bound) makes nothing, even
+    /// in use: no pod, no Service (`validate` refuses it); a running pod is left as it
+    /// is; `Error`, `SpecTooLarge`, both sizes in the message.
+    #[test]
+    fn a_spec_over_the_bound_makes_nothing_and_keeps_a_running_pod() {
+        let store = crate::store::Store::with_max_spec_bytes(512);
+        let mut big = tool("search", 8080);
+        big.spec.args = Some(vec!["x".repeat(1000)]);
+        let bytes = serde_json::to_vec(&big.spec).unwrap().len();
+        let stub = store.tools.insert(big);
+        let message = format!(
+            "spec is {bytes} bytes as JSON, over the bound of 512 (AUTONOMIC_MAX_SPEC_BYTES)"
+        );
+        assert_eq!(validate(&stub).unwrap_err().to_string(), message);
+        let ready = pod(&tool("search", 8080), READY);
+        for current in [None, Some(&ready)] {
+            let demand = Demand {
+                users: 1,
+                idle_since: None,
+            };
+            assert_eq!(
+                plan(&stub, current, demand, at(0), Level::Restricted),
+                plan_of(
+                    PodAction::Keep,
+                    ToolPhase::Error,
+                    Reason::SpecTooLarge,
+                    message.clone()
+                )
+            );
+        }
+        // Under the bound, the same Tool is valid.
+        assert!(validate(&store.tools.insert(tool("search", 8080))).is_ok());
     }
 
     /// The Tool's own pod as the cache would hold it once it reports `status_yaml`.

@@ -41,6 +41,11 @@ pub fn trim<K: Resource<DynamicType = ()>>(obj: &mut K) {
 /// The latest state of every watched object of one type.
 pub struct Cache<K> {
     objects: RwLock<BTreeMap<Slot, Arc<K>>>,
+    /// `AUTONOMIC_MAX_SPEC_BYTES`: an Agent, Tool, Runtime or Memory whose spec is larger
+    /// as JSON is kept as a stub (TRUST.md §3, [`super::spec`]). Every cache has one, the
+    /// default until [`super::Store::with_max_spec_bytes`] sets the four kinds'; the
+    /// other kinds' caches never read it.
+    pub(super) max_spec_bytes: u64,
 }
 
 /// A cache entry's key: `namespace`, a NUL, `name`, in one allocation (a pair of strings
@@ -69,6 +74,7 @@ impl<K> Default for Cache<K> {
     fn default() -> Self {
         Cache {
             objects: RwLock::new(BTreeMap::new()),
+            max_spec_bytes: crate::crd::DEFAULT_MAX_SPEC_BYTES,
         }
     }
 }
@@ -100,9 +106,15 @@ impl<K: ResourceExt + Resource<DynamicType = ()>> Cache<K> {
         self.objects.read().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    pub fn insert(&self, mut obj: K) -> Arc<K> {
+    /// Keeps `obj`, trimmed ([`trim`]) and, for the four custom resources, its spec within
+    /// `max_spec_bytes` ([`super::spec`]); returns it as kept.
+    pub fn insert(&self, mut obj: K) -> Arc<K>
+    where
+        K: 'static,
+    {
         let key = slot_of(&obj);
         trim(&mut obj);
+        super::spec::bound(&mut obj, self.max_spec_bytes);
         let obj = Arc::new(obj);
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
         objects.insert(key, obj.clone());

@@ -10,6 +10,7 @@ mod namespace;
 mod offer;
 mod pod;
 mod secret;
+mod spec;
 pub mod watch;
 
 use std::sync::Arc;
@@ -20,8 +21,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 pub use cache::{Cache, Latch, ObjKey, SyncGate, trim};
 pub use namespace::NamespaceView;
 pub use offer::{OFFER_SELECTOR, OfferedSecret, OfferedServiceAccount};
-pub use pod::{PodView, SPEC_HASH};
+pub use pod::{CONTEXT_SUMMARY_MAX, PodView, SPEC_HASH};
 pub use secret::SecretView;
+pub use spec::Oversized;
 
 use crate::crd::{Agent, Key, Kind, Memory, Runtime, Tool};
 
@@ -59,6 +61,20 @@ pub struct Store {
 }
 
 impl Store {
+    /// An empty store whose Agents, Tools, Runtimes and Memories are kept as stubs when
+    /// their spec is larger than `max_spec_bytes` as JSON (`AUTONOMIC_MAX_SPEC_BYTES`,
+    /// TRUST.md §3; see `spec`). The bound is the caches' own, since they are what every
+    /// watch writes through (`Cache::insert`); the application builds its store here,
+    /// from its configuration. `Store::default()` has the default bound, 256 KiB.
+    pub fn with_max_spec_bytes(max_spec_bytes: u64) -> Store {
+        let mut store = Store::default();
+        store.agents.max_spec_bytes = max_spec_bytes;
+        store.tools.max_spec_bytes = max_spec_bytes;
+        store.runtimes.max_spec_bytes = max_spec_bytes;
+        store.memories.max_spec_bytes = max_spec_bytes;
+        store
+    }
+
     /// Pod `name` of `ns` if the object with uid `owner` controls it: a same-named pod
     /// of someone else's is never read as ours.
     pub fn owned_pod(&self, ns: &str, name: &str, owner: Option<&str>) -> Option<Arc<PodView>> {

@@ -20,7 +20,8 @@ pub struct PodView {
     pub metadata: ObjectMeta,
     /// The `autonomic.sh/spec-hash` annotation: what the pod was built from.
     pub spec_hash: Option<String>,
-    /// The `autonomic.sh/context-summary` annotation, which the agent may set.
+    /// The `autonomic.sh/context-summary` annotation, which the agent may set, cut to
+    /// [`CONTEXT_SUMMARY_MAX`] bytes when read (TRUST.md §3).
     pub context_summary: Option<String>,
     pub spec: Option<PodViewSpec>,
     pub status: Option<PodViewStatus>,
@@ -30,6 +31,10 @@ pub struct PodView {
 pub const SPEC_HASH: &str = "autonomic.sh/spec-hash";
 /// The annotation an agent may set on its pod to summarise its context.
 const CONTEXT_SUMMARY: &str = "autonomic.sh/context-summary";
+/// The most of [`CONTEXT_SUMMARY`] kept, in bytes (cut on a character boundary): what
+/// an Agent's `status.contextSummary` shows. A pod's annotations may hold 256 KiB, and
+/// anyone who may label a pod as ours may set them.
+pub const CONTEXT_SUMMARY_MAX: usize = 4096;
 
 /// A pod as served, read into [`PodView`].
 #[derive(Deserialize)]
@@ -42,9 +47,16 @@ struct Served {
 impl From<Served> for PodView {
     fn from(mut p: Served) -> Self {
         let mut annotations = p.metadata.annotations.take().unwrap_or_default();
+        let context_summary = annotations.remove(CONTEXT_SUMMARY).map(|mut s| {
+            let keep = crate::text::cap_utf8(&s, CONTEXT_SUMMARY_MAX).len();
+            s.truncate(keep);
+            // What was cut goes back to the allocator, not only out of sight.
+            s.shrink_to_fit();
+            s
+        });
         PodView {
             spec_hash: annotations.remove(SPEC_HASH),
-            context_summary: annotations.remove(CONTEXT_SUMMARY),
+            context_summary,
             metadata: p.metadata,
             spec: p.spec,
             status: p.status,
@@ -95,4 +107,35 @@ fn unscheduled_only<'de, D: Deserializer<'de>>(
             c
         })
         .filter(|c| !c.is_empty()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn served(summary: &str) -> PodView {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "n", "annotations": {
+                "autonomic.sh/context-summary": summary, "autonomic.sh/spec-hash": "h", "other": "x".repeat(100_000)}},
+        }))
+        .unwrap()
+    }
+
+    /// The summary is cut when read, on a character boundary, its cut part freed; what
+    /// fits is kept as it is; other annotations are not kept at all.
+    #[test]
+    fn the_context_summary_is_cut_to_4_kib_when_read() {
+        let short = served("triaging issue #42");
+        assert_eq!(short.context_summary.as_deref(), Some("triaging issue #42"));
+        assert_eq!(short.spec_hash.as_deref(), Some("h"));
+        assert_eq!(short.metadata.annotations, None);
+        let exact = "s".repeat(CONTEXT_SUMMARY_MAX);
+        assert_eq!(served(&exact).context_summary.as_deref(), Some(&*exact));
+        // 250 KiB of two-byte characters, the bound falling inside one of them.
+        let huge = format!("a{}", "é".repeat(125 << 10));
+        let cut = served(&huge).context_summary.unwrap();
+        assert_eq!(cut.len(), CONTEXT_SUMMARY_MAX - 1);
+        assert!(huge.starts_with(&cut));
+        assert_eq!(cut.capacity(), cut.len());
+    }
 }

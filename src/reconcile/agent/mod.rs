@@ -35,6 +35,8 @@ pub struct Refs {
 /// Looks up what the Agent references; the error names what is missing or invalid.
 pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, Problem> {
     let ns = agent.namespace().unwrap_or_default();
+    // A stub's spec is the default, not the user's (TRUST.md §3): nothing to resolve.
+    problem::check_spec_size(&agent.metadata)?;
     problem::check_label_value(Kind::Agent, &agent.name_any())?;
     let runtime = match &agent.spec.runtime.reference {
         None => None,
@@ -47,6 +49,7 @@ pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, Problem> {
                     name: name.clone(),
                     namespace: ns.clone(),
                 })?;
+            problem::check_reference_size(Kind::Runtime, name, &rt.metadata)?;
             if rt.spec.image.as_deref().is_none_or(str::is_empty)
                 && agent.spec.runtime.image.is_none()
             {
@@ -67,6 +70,10 @@ pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, Problem> {
                     name: t.clone(),
                     namespace: ns.clone(),
                 })
+                .and_then(|tool| {
+                    problem::check_reference_size(Kind::Tool, t, &tool.metadata)?;
+                    Ok(tool)
+                })
         })
         .collect::<Result<_, _>>()?;
     let memories = agent
@@ -80,6 +87,10 @@ pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, Problem> {
                 .ok_or_else(|| Problem::MemoryNotFound {
                     name: m.clone(),
                     namespace: ns.clone(),
+                })
+                .and_then(|memory| {
+                    problem::check_reference_size(Kind::Memory, m, &memory.metadata)?;
+                    Ok(memory)
                 })
         })
         .collect::<Result<_, _>>()?;
@@ -385,6 +396,8 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
                 .unwrap_or_default()
         });
     let old = agent.status.clone().unwrap_or_default();
+    // The store cut the summary when it read the pod (TRUST.md §3); the cut here finds
+    // nothing more to cut, and keeps a pod read otherwise (a test's) bounded too.
     let context_summary = pod
         .and_then(|p| p.context_summary.as_ref())
         .map(|s| crate::text::cap_utf8(s, common::CONTEXT_SUMMARY_MAX).to_owned())
@@ -652,6 +665,99 @@ mod tests {
         // Where the admin allows it, the same Agent gets its pod.
         let d = admitted_pod(&a, Some(&rt), &al(Some("agentlet:1")), Level::Privileged);
         assert_eq!(plan(&a, &d, None).action, PodAction::Create);
+    }
+
+    /// A reconcile context on `store` and the default configuration, whose client
+    /// answers nothing: for what reads the store alone (`resolve`).
+    fn context(store: crate::store::Store) -> Arc<Context> {
+        use tokio_tungstenite::tungstenite::http::{Request, Response};
+        let service = tower::service_fn(|_: Request<kube::client::Body>| async {
+            Err::<Response<kube::client::Body>, _>(std::io::Error::other("no API server here"))
+        });
+        let client = kube::Client::new(service, "team-a");
+        Context::new(
+            Arc::new(store),
+            crate::cluster::Kube::new(client, "test"),
+            Arc::new(crate::config::Config::parse(|_| None).unwrap()),
+            Arc::default(),
+        )
+    }
+
+    /// TRUST.md §3: an Agent whose spec is over the bound is kept as a stub, and refused:
+    /// `Error`, `SpecTooLarge`, both sizes in the message; no pod made, a running one
+    /// left as it is. One that references a Runtime, Tool or Memory kept as a stub is
+    /// refused too (its template, endpoint or backend is not known); under the bound,
+    /// the same objects resolve.
+    #[tokio::test]
+    async fn a_spec_over_the_bound_is_refused_and_a_running_pod_stays() {
+        let max = 1024;
+        let ctx = context(crate::store::Store::with_max_spec_bytes(max));
+        let mut big = agent(BASE);
+        big.spec.runtime.args = Some(vec!["x".repeat(2000)]);
+        let bytes = serde_json::to_vec(&big.spec).unwrap().len();
+        let stub = ctx.store.agents.insert(big);
+        let why = resolve(&stub, &ctx)
+            .err()
+            .expect("a stub resolves to nothing");
+        let refused = Plan {
+            action: PodAction::Keep,
+            phase: AgentPhase::Error,
+            reason: Reason::SpecTooLarge,
+            message: format!(
+                "spec is {bytes} bytes as JSON, over the bound of 1024 (AUTONOMIC_MAX_SPEC_BYTES)"
+            ),
+        };
+        let running = owned_pod(
+            &agent(BASE),
+            "{phase: Running, containerStatuses: [{name: a, ready: true, restartCount: 0, image: i, imageID: ''}]}",
+        );
+        for current in [None, Some(&running)] {
+            assert_eq!(plan(&stub, &Err(why.clone()), current), refused);
+        }
+        // Cut down below the bound, the same Agent resolves.
+        let small = ctx.store.agents.insert(agent(BASE));
+        assert!(resolve(&small, &ctx).is_ok());
+
+        let fill = "x".repeat(2000);
+        let object = |kind: &str, name: &str, spec: serde_json::Value| {
+            serde_json::json!({"apiVersion": "autonomic.sh/v1alpha1", "kind": kind,
+                               "metadata": {"name": name, "namespace": "team-a"}, "spec": spec})
+        };
+        fn of<K: serde::de::DeserializeOwned>(v: serde_json::Value) -> K {
+            serde_json::from_value(v).unwrap()
+        }
+        ctx.store.runtimes.insert(of(object(
+            "Runtime",
+            "rt",
+            serde_json::json!({"image": "rt:1", "args": [fill]}),
+        )));
+        ctx.store.tools.insert(of(object(
+            "Tool",
+            "t",
+            serde_json::json!({"image": "t:1", "args": [fill]}),
+        )));
+        ctx.store.memories.insert(of(object(
+            "Memory",
+            "m",
+            serde_json::json!({"backend": fill, "url": "redis://r"}),
+        )));
+        for (spec, kind, name) in [
+            ("{runtime: {ref: rt}}", "Runtime", "rt"),
+            ("{runtime: {image: 'rt:1'}, tools: [t]}", "Tool", "t"),
+            ("{runtime: {image: 'rt:1'}, memory: [m]}", "Memory", "m"),
+        ] {
+            let a = ctx.store.agents.insert(agent(&format!(
+                "{{apiVersion: autonomic.sh/v1alpha1, kind: Agent, metadata: {{name: user, namespace: team-a}}, spec: {spec}}}"
+            )));
+            let why = resolve(&a, &ctx).err().expect(kind);
+            assert_eq!(why.reason(), Reason::SpecTooLarge, "{kind}");
+            assert_eq!(
+                why.to_string(),
+                format!(
+                    "{kind} \"{name}\" is not reconciled: its spec is over the bound of AUTONOMIC_MAX_SPEC_BYTES"
+                )
+            );
+        }
     }
 
     #[test]
