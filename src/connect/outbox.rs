@@ -743,6 +743,56 @@ pub(crate) mod tests {
         );
     }
 
+    /// The writer chose an event while no connection was live and is writing it when a
+    /// session sends it (the session puts every id of its backlog up for removal): the
+    /// next write takes it out again, so no later connection sends it twice.
+    #[tokio::test(start_paused = true)]
+    async fn an_event_sent_while_the_writer_writes_it_is_removed_after() {
+        struct Gated {
+            inner: Arc<MemoryBackend>,
+            gate: Arc<tokio::sync::Semaphore>,
+        }
+        impl Backend for Gated {
+            fn read(&self) -> BoxFuture<'_, Result<Option<Stored>, String>> {
+                async move {
+                    self.gate.acquire().await.unwrap().forget();
+                    self.inner.read().await
+                }
+                .boxed()
+            }
+            fn write(
+                &self,
+                text: String,
+                version: Option<String>,
+            ) -> BoxFuture<'_, Result<(), WriteError>> {
+                self.inner.write(text, version)
+            }
+        }
+        let backend = Arc::new(MemoryBackend::default());
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let outbox = Arc::new(Outbox::new(Arc::new(Gated {
+            inner: backend.clone(),
+            gate: gate.clone(),
+        })));
+        let audit = Arc::new(AuditLog::default());
+        let (_stop, _task) = writer(&outbox, &audit);
+        audit.record(event("x"));
+        // The writer has chosen x and waits on its read.
+        tokio::time::sleep(BATCH * 2).await;
+        // A session gets past its snapshot and sends its backlog, x among it.
+        audit.set_live(true);
+        let backlog = audit.drain_queued();
+        outbox.sent(backlog.into_iter().map(|q| q.event.id));
+        gate.add_permits(1);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(ids(&parse(&backend.text(), &audit.outbox)), ["x"]);
+        // The next write, a GAP later, removes it.
+        gate.add_permits(1);
+        tokio::time::sleep(GAP + BATCH).await;
+        assert_eq!(backend.text(), "");
+        assert!(outbox.pending_removals().is_empty());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_outbox_that_cannot_be_written_warns_once_and_keeps_memory() {
         let (backend, outbox) = outbox();

@@ -228,7 +228,7 @@ impl<S: Transport> Conn<'_, S> {
 
     async fn flush_audit(&mut self) -> Result<(), End> {
         let queued = self.link().audit.drain_queued();
-        self.send_audit(queued).await
+        self.send_audit(queued, false).await
     }
 
     /// After the snapshot: the outbox's events first (written by this manager or an
@@ -252,7 +252,10 @@ impl<S: Transport> Conn<'_, S> {
             .collect();
         let delivered = all.len() as u64;
         all.extend(queued);
-        self.send_audit(all).await?;
+        // Every id of the backlog is for removal, not only those known to be in the
+        // outbox: the writer may be writing one of them right now (it chose them while
+        // no connection was live). An id not there costs a read, no write.
+        self.send_audit(all, true).await?;
         self.link()
             .audit
             .outbox
@@ -261,9 +264,14 @@ impl<S: Transport> Conn<'_, S> {
         Ok(())
     }
 
-    /// Sends the events in order; those in the outbox are removed from it once sent.
-    /// A failed send puts the rest back at the front of the queue.
-    async fn send_audit(&mut self, queued: Vec<crate::audit::Queued>) -> Result<(), End> {
+    /// Sends the events in order; those in the outbox (all, with `remove_all`) are
+    /// removed from it once sent. A failed send puts the rest back at the front of the
+    /// queue.
+    async fn send_audit(
+        &mut self,
+        queued: Vec<crate::audit::Queued>,
+        remove_all: bool,
+    ) -> Result<(), End> {
         let mut sent = Vec::new();
         let mut iter = queued.into_iter();
         let mut result = Ok(());
@@ -279,7 +287,7 @@ impl<S: Transport> Conn<'_, S> {
                 result = Err(e);
                 break;
             }
-            if q.saved {
+            if q.saved || remove_all {
                 sent.push(q.event.id);
             }
         }
