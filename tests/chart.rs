@@ -148,7 +148,25 @@ fn watched_namespaces_get_roles_and_no_cluster_wide_workload_access() {
         .collect();
     assert_eq!(
         namespaces,
-        ["team-a", "team-b", "autonomic-system", "autonomic-system"]
+        [
+            "team-a",
+            "team-b",
+            "autonomic-system",
+            "autonomic-system",
+            "autonomic-system"
+        ]
+    );
+    // The audit outbox: one ConfigMap by name, and create (which names cannot limit).
+    let outbox = roles
+        .iter()
+        .find(|r| r["metadata"]["name"] == "autonomic-manager-audit-outbox")
+        .expect("the audit outbox's Role");
+    assert_eq!(
+        outbox["rules"],
+        serde_json::json!([
+            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["autonomic-audit-outbox"], "verbs": ["get", "update"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}
+        ])
     );
     // The release namespace is not watched: a Role there lets the manager record the
     // link's Events on its own pod.

@@ -468,6 +468,8 @@ impl Manager {
             .env("AUTONOMIC_AGENTLET_IMAGE", AGENTLET_IMAGE)
             .env("AUTONOMIC_LOG", "info,autonomic_manager=debug")
             .env("POD_NAME", format!("test-{namespace}"))
+            // Its home, as the chart's pod has it: the Lease and the audit outbox are there.
+            .env("POD_NAMESPACE", namespace)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
