@@ -45,7 +45,10 @@ pub struct AgentSpec {
     /// `Never` the agent can finish as `Succeeded` or `Failed`.
     #[serde(default)]
     pub restart_policy: RestartPolicy,
-    /// ServiceAccount the agent pod runs as.
+    /// ServiceAccount the agent pod runs as (default: the namespace's `default`): one the
+    /// admin labelled `autonomic.sh/agents=allowed`, or any in a namespace labelled
+    /// `autonomic.sh/references=any`; never the manager's own. Else `Error`,
+    /// `ServiceAccountNotAllowed`, no pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub service_account_name: Option<String>,
@@ -72,6 +75,9 @@ pub struct AgentRuntime {
     #[schemars(length(max = 256))]
     pub args: Option<Vec<String>>,
     /// Environment variables; an entry here replaces the template's entry of the same name.
+    /// A `valueFrom.secretKeyRef` names a Secret the admin labelled
+    /// `autonomic.sh/agents=allowed` (any, in a namespace labelled
+    /// `autonomic.sh/references=any`); else `Error`, `SecretNotAllowed`, no pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 256))]
     pub env: Option<Vec<EnvVar>>,

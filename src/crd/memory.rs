@@ -30,7 +30,10 @@ pub struct MemorySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 4096))]
     pub url: Option<String>,
-    /// Read the URL from a key of an existing Secret in this namespace.
+    /// Read the URL from a key of an existing Secret in this namespace, one the admin
+    /// labelled `autonomic.sh/agents=allowed` (any, in a namespace labelled
+    /// `autonomic.sh/references=any`); else `Pending`, `SecretNotAllowed`, the same for a
+    /// missing Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<SecretKeyRef>,
 }

@@ -36,7 +36,9 @@ pub struct ToolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 256))]
     pub args: Option<Vec<String>>,
-    /// Environment variables.
+    /// Environment variables. A `valueFrom.secretKeyRef` names a Secret the admin labelled
+    /// `autonomic.sh/agents=allowed` (any, in a namespace labelled
+    /// `autonomic.sh/references=any`); else `Error`, `SecretNotAllowed`, no pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 256))]
     pub env: Option<Vec<EnvVar>>,
