@@ -227,6 +227,9 @@ pub struct Outbox {
     removals: Notify,
     /// A failed write was warned about; cleared by the next good one.
     warned: AtomicBool,
+    /// The version of the outbox whose malformed and surplus entries were counted: each
+    /// is counted once, however often that version is read (the next write drops them).
+    counted: Mutex<String>,
 }
 
 impl Outbox {
@@ -236,7 +239,26 @@ impl Outbox {
             sent: Mutex::new(HashSet::new()),
             removals: Notify::new(),
             warned: AtomicBool::new(false),
+            counted: Mutex::new(String::new()),
         }
+    }
+
+    /// The events of `stored`, its malformed and surplus entries counted once per
+    /// version.
+    fn events_of(&self, stored: &Stored, counters: &OutboxCounters) -> Vec<AuditEvent> {
+        let local = OutboxCounters::default();
+        let events = parse(&stored.text, &local);
+        let mut counted = self.counted.lock().unwrap_or_else(|e| e.into_inner());
+        if *counted != stored.version {
+            counted.clone_from(&stored.version);
+            counters
+                .malformed
+                .fetch_add(local.malformed.load(Relaxed), Relaxed);
+            counters
+                .dropped
+                .fetch_add(local.dropped.load(Relaxed), Relaxed);
+        }
+        events
     }
 
     /// The outbox's events, for a connection past its snapshot to send first. An
@@ -244,7 +266,7 @@ impl Outbox {
     pub async fn read_for_send(&self, counters: &OutboxCounters) -> Vec<AuditEvent> {
         match self.backend.read().await {
             Ok(Some(stored)) => {
-                let events = parse(&stored.text, counters);
+                let events = self.events_of(&stored, counters);
                 counters.events.store(events.len() as u64, Relaxed);
                 events
             }
@@ -299,11 +321,14 @@ impl Outbox {
                 return Ok(());
             }
             let stored = self.backend.read().await?;
+            let mut events = match &stored {
+                Some(s) => self.events_of(s, counters),
+                None => Vec::new(),
+            };
             let (old_text, version) = match stored {
                 Some(s) => (s.text, Some(s.version)),
                 None => (String::new(), None),
             };
-            let mut events = parse(&old_text, counters);
             events.retain(|e| !removals.contains(&e.id));
             let present: HashSet<String> = events.iter().map(|e| e.id.clone()).collect();
             let added: HashSet<String> = add.iter().map(|e| e.id.clone()).collect();

@@ -879,6 +879,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(backend.text(), "");
         assert_eq!(backend.writes.load(Relaxed), writes + 1);
+        // Read twice (the drain, the removal), counted once.
+        assert_eq!(ctx.link.audit.outbox.malformed.load(Relaxed), 1);
         // Live: an event is sent at once and never written.
         ctx.link.audit.record(event("n1"));
         let Frame::Audit(a) = next_frame(&mut cp).await else {
