@@ -79,6 +79,21 @@ fn is_on(t: &'static str, conn: usize) -> impl Fn(&Received) -> bool {
     move |r| r.conn == conn && r.frame_type() == Some(t)
 }
 
+/// A second manager started on what the first one left: connected, its first snapshot
+/// handed to `check`, `/readyz` green and a heartbeat sent.
+async fn started_on_them(ns: &TestNamespace, check: impl FnOnce(&Received)) -> (FakeCp, Manager) {
+    let cp = FakeCp::start().await;
+    cp.set_welcome(2, 300);
+    let m = start(&ns.name, &cp);
+    let snap = cp
+        .wait_frame("the first snapshot", is_on("snapshot", 1))
+        .await;
+    check(&snap);
+    m.wait_ready().await;
+    cp.wait_frame("a heartbeat", is_on("heartbeat", 1)).await;
+    (cp, m)
+}
+
 /// A control plane on a 2 s heartbeat and a manager connected to it, its first
 /// snapshot sent and `/readyz` green.
 async fn connected(ns: &TestNamespace) -> (FakeCp, Manager) {
@@ -502,19 +517,14 @@ async fn labelled_1_mib_secrets_in_a_user_namespace_are_bounded() {
     m.stop("TERM");
 
     // A manager that starts on them lists them.
-    let cp2 = FakeCp::start().await;
-    cp2.set_welcome(2, 300);
-    let m2 = start(&ns.name, &cp2);
-    let snap = cp2
-        .wait_frame("the first snapshot", is_on("snapshot", 1))
-        .await;
-    assert!(
-        snap.resources()
-            .iter()
-            .any(|r| r["name"] == "after-the-secrets")
-    );
-    m2.wait_ready().await;
-    cp2.wait_frame("a heartbeat", is_on("heartbeat", 1)).await;
+    let (_cp2, m2) = started_on_them(&ns, |snap| {
+        assert!(
+            snap.resources()
+                .iter()
+                .any(|r| r["name"] == "after-the-secrets")
+        )
+    })
+    .await;
     check("listed at start", m2.pid());
 }
 
@@ -598,16 +608,11 @@ async fn sixty_agents_with_1_mib_specs_are_refused_and_not_kept() {
 
     // A manager that starts on them lists them (one request from the watch cache, read
     // one object at a time), finds every status already written, and keeps no spec.
-    let cp2 = FakeCp::start().await;
-    cp2.set_welcome(2, 300);
-    let m2 = start(&ns.name, &cp2);
-    let snap = cp2
-        .wait_frame("the first snapshot", is_on("snapshot", 1))
-        .await;
-    let listed = snap.resources().into_iter().filter(|r| refused(r)).count();
-    assert_eq!(listed, AGENTS, "refused Agents in the first snapshot");
-    m2.wait_ready().await;
-    cp2.wait_frame("a heartbeat", is_on("heartbeat", 1)).await;
+    let (_cp2, m2) = started_on_them(&ns, |snap| {
+        let listed = snap.resources().into_iter().filter(|r| refused(r)).count();
+        assert_eq!(listed, AGENTS, "refused Agents in the first snapshot");
+    })
+    .await;
     // From the first manager's peak on the empty namespace: the same process, started
     // on them.
     let peak2 = Peak {
@@ -663,19 +668,14 @@ async fn labelled_pods_with_250_kib_of_annotations_are_cut_when_read() {
     let baseline = peak.before_kib;
     m.stop("TERM");
 
-    let cp2 = FakeCp::start().await;
-    cp2.set_welcome(2, 300);
-    let m2 = start(&ns.name, &cp2);
-    let snap = cp2
-        .wait_frame("the first snapshot", is_on("snapshot", 1))
-        .await;
-    assert!(
-        snap.resources()
-            .iter()
-            .any(|r| r["name"] == "after-the-pods")
-    );
-    m2.wait_ready().await;
-    cp2.wait_frame("a heartbeat", is_on("heartbeat", 1)).await;
+    let (_cp2, m2) = started_on_them(&ns, |snap| {
+        assert!(
+            snap.resources()
+                .iter()
+                .any(|r| r["name"] == "after-the-pods")
+        )
+    })
+    .await;
     let peak2 = Peak {
         pid: m2.pid(),
         before_kib: baseline,

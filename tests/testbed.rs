@@ -133,7 +133,11 @@ fn a_private_bed_beside_the_node_bed_leaves_its_bridge_alone() {
         let cache = linked_cache("autonomic-testbed-beside");
         let bed = OwnBed::with_cache(cache.path());
         bed.bring_up();
-        assert_eq!(index().as_ref(), Some(&before), "bridge {bridge} gone at up");
+        assert_eq!(
+            index().as_ref(),
+            Some(&before),
+            "bridge {bridge} gone at up"
+        );
     }
     assert_eq!(index(), Some(before), "bridge {bridge} gone at down");
 }

@@ -116,6 +116,19 @@ fn offer(ns: &str, kind: &str, name: &str, offered: bool) {
     assert!(ok, "label {kind}/{name}: {out}");
 }
 
+/// ServiceAccount `sa` and Secret `secret` (one `key=value`) in `ns`, made by the admin
+/// and offered to no one.
+fn admin_makes(ns: &str, sa: &str, secret: &str, literal: &str) {
+    let (ok, out) = kubectl(&["-n", ns, "create", "serviceaccount", sa], None);
+    assert!(ok, "{out}");
+    let literal = format!("--from-literal={literal}");
+    let (ok, out) = kubectl(
+        &["-n", ns, "create", "secret", "generic", secret, &literal],
+        None,
+    );
+    assert!(ok, "{out}");
+}
+
 /// Sets (`key=value`) or removes (`key-`) a label of namespace `ns`, as the admin.
 fn label_namespace(ns: &str, label: &str) {
     let (ok, out) = kubectl(&["label", "--overwrite", "namespace", ns, label], None);
@@ -135,21 +148,12 @@ async fn a_tenant_gets_only_the_service_accounts_and_secrets_offered_to_agents()
     let secrets: Api<Secret> = ns.api();
 
     // The admin's objects, not offered (yet).
-    let (ok, out) = kubectl(&["-n", &ns.name, "create", "serviceaccount", "robot"], None);
-    assert!(ok, "{out}");
-    let (ok, out) = kubectl(
-        &[
-            "-n",
-            &ns.name,
-            "create",
-            "secret",
-            "generic",
-            "creds",
-            "--from-literal=url=redis://default:pw@r:6379/0",
-        ],
-        None,
+    admin_makes(
+        &ns.name,
+        "robot",
+        "creds",
+        "url=redis://default:pw@r:6379/0",
     );
-    assert!(ok, "{out}");
 
     let agent = |name: &str, extra: &str| {
         format!(
@@ -319,21 +323,7 @@ async fn the_managers_own_service_account_is_never_lent_even_when_offered() {
     // `autonomic.sh/references: any` on the namespace lifts the offer rule within 10 s
     // (an unlabelled ServiceAccount and Secret serve), never the manager's own.
     offer(&ns.name, "serviceaccount", &own, false);
-    let (ok, out) = kubectl(&["-n", &ns.name, "create", "serviceaccount", "plain"], None);
-    assert!(ok, "{out}");
-    let (ok, out) = kubectl(
-        &[
-            "-n",
-            &ns.name,
-            "create",
-            "secret",
-            "generic",
-            "plain",
-            "--from-literal=k=v",
-        ],
-        None,
-    );
-    assert!(ok, "{out}");
+    admin_makes(&ns.name, "plain", "plain", "k=v");
     create_yaml(
         &agents,
         &format!(
