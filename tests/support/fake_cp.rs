@@ -53,6 +53,9 @@ pub enum Mode {
     /// Complete the handshake, then never send a byte: no welcome, no heartbeats, not
     /// even the automatic pong or close replies. Messages are still recorded.
     Silent,
+    /// As `Accept`, but `hello` gets no `welcome`: the manager waits its welcome timeout
+    /// and, meanwhile, serves what the test sends (its session not yet past a snapshot).
+    NoWelcome,
 }
 
 /// One message received from a client.
@@ -832,7 +835,7 @@ async fn serve_socket(inner: Arc<Inner>, mut tcp: Stream) {
                 {
                     401
                 }
-                Mode::Accept | Mode::Silent => 101,
+                Mode::Accept | Mode::Silent | Mode::NoWelcome => 101,
             }
         };
         s.requests.push(Request {
@@ -991,6 +994,7 @@ fn record_message(inner: &Inner, id: usize, msg: Message) -> Option<Value> {
             inner.record(id, at, ReceivedKind::Text(value));
             let s = inner.state();
             match kind.as_deref() {
+                Some("hello") if s.mode == Mode::NoWelcome => None,
                 Some("hello") => Some(json!({
                     "type": "welcome",
                     "deployment_id": s.deployment_id,
