@@ -261,13 +261,17 @@ impl Outbox {
         events
     }
 
-    /// The outbox's events, for a connection past its snapshot to send first. An
-    /// outbox that cannot be read gives none (they stay for the next connection).
+    /// The outbox's events, for a connection past its snapshot to send first, but for
+    /// those this manager sent already and has yet to remove (a connection may come and
+    /// go within one write's gap). An outbox that cannot be read gives none (they stay
+    /// for the next connection).
     pub async fn read_for_send(&self, counters: &OutboxCounters) -> Vec<AuditEvent> {
         match self.backend.read().await {
             Ok(Some(stored)) => {
-                let events = self.events_of(&stored, counters);
+                let mut events = self.events_of(&stored, counters);
                 counters.events.store(events.len() as u64, Relaxed);
+                let sent = self.pending_removals();
+                events.retain(|e| !sent.contains(&e.id));
                 events
             }
             Ok(None) => Vec::new(),
@@ -811,6 +815,9 @@ pub(crate) mod tests {
         gate.add_permits(1);
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(ids(&parse(&backend.text(), &audit.outbox)), ["x"]);
+        // A next connection within the gap reads the outbox: x was sent, not again.
+        gate.add_permits(1);
+        assert!(outbox.read_for_send(&audit.outbox).await.is_empty());
         // The next write, a GAP later, removes it.
         gate.add_permits(1);
         tokio::time::sleep(GAP + BATCH).await;
