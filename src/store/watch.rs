@@ -118,25 +118,6 @@ pub fn spawn(
     } else {
         namespaces.iter().cloned().map(Some).collect()
     };
-    for scope in &scopes {
-        // The namespaces themselves, for their labels: all of them, or each watched one
-        // by name (the chart grants no more).
-        let source = Source::cluster_scoped(client, scope.clone());
-        let listener = listener.clone();
-        let on_change = move |n: &NamespaceView, removed| {
-            listener(Seen {
-                object: Object::Namespace(n),
-                removed,
-            })
-        };
-        let span = tracing::info_span!(
-            "watch",
-            kind = "Namespace",
-            namespace = scope.as_deref().unwrap_or("*")
-        );
-        let fed = drive(source, false, store.clone(), |s| &s.namespaces, on_change);
-        tasks.spawn(fed.instrument(span));
-    }
     for scope in scopes {
         let w = Watch {
             store,
@@ -165,6 +146,10 @@ pub fn spawn(
             |s| &s.offered_service_accounts,
             |o| Object::OfferedServiceAccount(o),
         );
+        // The namespaces themselves, for their labels: all of them, or each watched one
+        // by name (the chart grants no more).
+        let named = Source::cluster_scoped(client, w.scope.clone());
+        w.feed(tasks, named, |s| &s.namespaces, |o| Object::Namespace(o));
     }
 }
 
@@ -177,6 +162,7 @@ struct Watch<'a> {
 }
 
 impl Watch<'_> {
+    /// A namespaced kind's watch in this scope, with `selector`.
     fn spawn<K>(
         &self,
         tasks: &mut tokio::task::JoinSet<()>,
@@ -192,10 +178,27 @@ impl Watch<'_> {
             + Sync
             + 'static,
     {
+        let source = Source::namespaced(self.client, self.scope.clone(), selector);
+        self.feed(tasks, source, cache, wrap);
+    }
+
+    /// Feeds `cache` from `source`, telling the listener, on a task of its own.
+    fn feed<K>(
+        &self,
+        tasks: &mut tokio::task::JoinSet<()>,
+        source: Source,
+        cache: fn(&Store) -> &Cache<K>,
+        wrap: for<'o> fn(&'o K) -> Object<'o>,
+    ) where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
         let kind = K::kind(&());
-        // The wire form reads the custom resources and pods, never Secrets or Services:
-        // the first snapshot need not wait for their lists.
-        let wire = !matches!(kind.as_ref(), "Secret" | "Service" | "ServiceAccount");
+        // The wire form reads the custom resources and pods, never Secrets, Services,
+        // ServiceAccounts or namespaces: the first snapshot need not wait for their lists.
+        let wire = !matches!(
+            kind.as_ref(),
+            "Secret" | "Service" | "ServiceAccount" | "Namespace"
+        );
         let span = tracing::info_span!(
             "watch",
             kind = %kind,
@@ -208,7 +211,6 @@ impl Watch<'_> {
                 removed,
             })
         };
-        let source = Source::namespaced(self.client, self.scope.clone(), selector);
         let fed = drive(source, wire, self.store.clone(), cache, on_change);
         tasks.spawn(fed.instrument(span));
     }
