@@ -26,7 +26,8 @@ pub const CUT_MARK: &str = "…";
 
 /// Cuts `s` to at most `max` bytes on a character boundary, the last three of them a
 /// visible [`CUT_MARK`] when anything was cut. For strings from peers that reach logs,
-/// audit events and frames.
+/// audit events and frames. What was cut goes back to the allocator: a 1 MiB `id`
+/// cut to 256 bytes must not hold its megabyte for as long as its control runs.
 pub fn cap_utf8_marked(s: &mut String, max: usize) {
     if s.len() <= max {
         return;
@@ -36,6 +37,7 @@ pub fn cap_utf8_marked(s: &mut String, max: usize) {
     if s.len() + CUT_MARK.len() <= max {
         s.push_str(CUT_MARK);
     }
+    s.shrink_to_fit();
 }
 
 /// In tests: `got` is a marked cut of `want`, at most `max` bytes, a prefix of it, and
@@ -78,5 +80,17 @@ mod tests {
             assert_eq!((input, max, s.as_str()), (input, max, want));
             assert!(s.len() <= max);
         }
+    }
+
+    #[test]
+    fn a_cut_string_gives_back_what_was_cut() {
+        let mut s = "é".repeat(512 * 1024);
+        cap_utf8_marked(&mut s, MAX_ID_BYTES);
+        assert!(s.len() <= MAX_ID_BYTES);
+        assert!(
+            s.capacity() <= MAX_ID_BYTES,
+            "{} bytes still held",
+            s.capacity()
+        );
     }
 }
