@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use kube::Client;
 use kube::api::Api;
 use serde_json::{Value, json};
+use support::fake_cp::FakeCp;
 use support::*;
 
 /// How soon a change of an offer label must take effect (TRUST.md §2).
@@ -445,4 +446,144 @@ async fn a_tenants_template_gets_the_restricted_level_merged_and_never_privilege
             .and_then(|p| p.metadata.uid);
         assert_eq!(now, uid, "pod {name} remade or removed by a level change");
     }
+}
+
+/// TRUST.md §4 as a tenant: credentials typed into specs (an env value of an Agent's
+/// runtime, a Runtime and a Tool; a Memory url's password) never reach the control
+/// plane, in the snapshot or in a delta, nor the manager's log; the pod and the
+/// Memory's Secret get the real values.
+#[tokio::test]
+async fn credentials_typed_into_specs_never_reach_the_control_plane() {
+    const TOKEN: &str = "tok_live_9c2e4a6b8d0f1a3c";
+    let admin = client().await;
+    ensure_crds(&admin).await;
+    let ns = TestNamespace::new(&admin, "trust-mask").await;
+    let tenant = tenant(&ns.name).await;
+    let make = |kind: &str, name: &str, spec: String| {
+        format!(
+            "apiVersion: autonomic.sh/v1alpha1\nkind: {kind}\nmetadata: {{name: {name}}}\nspec: {spec}"
+        )
+    };
+    // Before the manager starts (in its snapshot), then once it is connected (deltas).
+    let agents: Api<Agent> = Api::namespaced(tenant.clone(), &ns.name);
+    let memories: Api<Memory> = Api::namespaced(tenant.clone(), &ns.name);
+    let runtimes: Api<autonomic_manager::crd::Runtime> = Api::namespaced(tenant.clone(), &ns.name);
+    let tools: Api<autonomic_manager::crd::Tool> = Api::namespaced(tenant.clone(), &ns.name);
+    let objects = |round: &str| {
+        let memories = memories.clone();
+        let runtimes = runtimes.clone();
+        let tools = tools.clone();
+        let agents = agents.clone();
+        let round = round.to_owned();
+        async move {
+            create_yaml(
+                &memories,
+                &make(
+                    "Memory",
+                    &format!("m-{round}"),
+                    format!(
+                        "{{backend: redis, url: 'redis://default:S3CR3T-url-{round}@redis:6379/0'}}"
+                    ),
+                ),
+            )
+            .await;
+            create_yaml(&runtimes, &make("Runtime", &format!("r-{round}"),
+                format!("{{image: {AGENTLET_IMAGE}, env: [{{name: KEY, value: S3CR3T-rt-{round}}}]}}"))).await;
+            create_yaml(&tools, &make("Tool", &format!("t-{round}"),
+                format!("{{image: {AGENTLET_IMAGE}, port: 8080, env: [{{name: KEY, value: S3CR3T-tool-{round}}}]}}"))).await;
+            create_yaml(&agents, &make("Agent", &format!("a-{round}"),
+                format!("{{runtime: {{image: {AGENTLET_IMAGE}, env: [{{name: API_KEY, value: S3CR3T-agent-{round}}}]}}, memory: [m-{round}]}}"))).await;
+        }
+    };
+    objects("one").await;
+    let cp = FakeCp::start().await;
+    let env = managed_vars(cp.url(), TOKEN);
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let m = Manager::start(&ns.name, &pairs);
+    let seen = |cp: &FakeCp, name: &str| {
+        cp.frames()
+            .iter()
+            .flat_map(|r| r.resources().into_iter().cloned().collect::<Vec<_>>())
+            .any(|r| r["name"] == name)
+    };
+    let snapshot = cp
+        .wait_frame("the snapshot", |r| r.frame_type() == Some("snapshot"))
+        .await;
+    for name in ["m-one", "r-one", "t-one", "a-one"] {
+        assert!(seen(&cp, name), "{name} not in the snapshot");
+    }
+    objects("two").await;
+    within(
+        Duration::from_secs(10),
+        "the second objects in deltas",
+        || async {
+            ["m-two", "r-two", "t-two", "a-two"]
+                .iter()
+                .all(|n| seen(&cp, n))
+                .then_some(())
+        },
+    )
+    .await;
+    // A Memory's Secret and the Agent's pod are made, with the real values.
+    let pods: Api<Pod> = ns.api();
+    let pod = within(Duration::from_secs(20), "a-two's pod", || async {
+        pods.get_opt("a-two").await.unwrap()
+    })
+    .await;
+    let runtime = pod
+        .spec
+        .unwrap()
+        .containers
+        .into_iter()
+        .find(|c| c.name == "runtime")
+        .unwrap();
+    let api_key = runtime
+        .env
+        .unwrap()
+        .into_iter()
+        .find(|e| e.name == "API_KEY");
+    assert_eq!(api_key.unwrap().value.as_deref(), Some("S3CR3T-agent-two"));
+    let secrets: Api<Secret> = ns.api();
+    let secret = within(Duration::from_secs(20), "m-two's Secret", || async {
+        secrets.get_opt("m-two-memory").await.unwrap()
+    })
+    .await;
+    let data = secret.data.unwrap();
+    let url = data.values().find_map(|v| {
+        let s = String::from_utf8(v.0.clone()).ok()?;
+        s.contains("S3CR3T-url-two").then_some(s)
+    });
+    assert!(url.is_some(), "the Memory's Secret holds the real url");
+    // Once more after a resync: a fresh snapshot of everything.
+    let t = Instant::now();
+    cp.send(json!({"type": "resync"})).await;
+    cp.wait_frame("the resync's snapshot", |r| {
+        r.at > t && r.frame_type() == Some("snapshot")
+    })
+    .await;
+
+    let frames = cp.frames();
+    let mut resources = 0;
+    for r in &frames {
+        let text = r.json().map(Value::to_string).unwrap_or_default();
+        assert!(!text.contains("S3CR3T"), "a credential on the wire: {text}");
+        for res in r.resources() {
+            resources += 1;
+            let spec = &res["spec"];
+            if res["kind"] == "Memory" {
+                let url = spec["url"].as_str().unwrap();
+                assert!(url.starts_with("redis://default:***@redis:6379/0"), "{url}");
+            }
+            let env = match res["kind"].as_str() {
+                Some("Agent") => &spec["runtime"]["env"],
+                _ => &spec["env"],
+            };
+            for e in env.as_array().into_iter().flatten() {
+                assert_eq!(e["value"], "***", "{e}");
+            }
+        }
+    }
+    assert!(resources >= 16, "{resources} resources on the wire");
+    assert!(snapshot.conn == 1);
+    assert!(!m.logs().contains("S3CR3T"), "a credential in the log");
 }

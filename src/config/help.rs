@@ -153,6 +153,11 @@ pub const ENV_VARS: &[EnvVar] = &[
         "an Agent, Tool, Runtime or Memory whose spec is larger as JSON (bytes, at least 1) is not reconciled: Error, reason SpecTooLarge",
     ),
     env(
+        "AUTONOMIC_WIRE_ENV_VALUES",
+        "mask",
+        "mask: the env[].value of every spec reaches the control plane as \"***\"; send: as written (url passwords are masked either way)",
+    ),
+    env(
         "AUTONOMIC_MAX_SESSIONS",
         "16",
         "concurrent shell sessions on one connection",

@@ -129,6 +129,9 @@ pub struct Config {
     /// `AUTONOMIC_MAX_SPEC_BYTES`: an Agent, Tool, Runtime or Memory whose spec is larger
     /// as JSON is kept as a stub and not reconciled (TRUST.md §3); at least 1.
     pub max_spec_bytes: u64,
+    /// `AUTONOMIC_WIRE_ENV_VALUES=send`: the `env[].value`s of specs reach the control
+    /// plane as written; by default (`mask`) each is sent as `***` (TRUST.md §4).
+    pub send_env_values: bool,
 }
 
 /// The default of `AUTONOMIC_ROLL_MAX`: ten Agents out of service at once is a small
@@ -364,6 +367,16 @@ impl Config {
                 }
                 n => n,
             },
+            send_env_values: match var("AUTONOMIC_WIRE_ENV_VALUES").as_deref().map(str::trim) {
+                None | Some("mask") => false,
+                Some("send") => true,
+                Some(v) => {
+                    return Err(ConfigError::Invalid {
+                        var: "AUTONOMIC_WIRE_ENV_VALUES",
+                        reason: format!("expected mask or send, got {v:?}"),
+                    });
+                }
+            },
         })
     }
 
@@ -508,6 +521,26 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "AUTONOMIC_POD_SECURITY: expected restricted, baseline or privileged, got \"none\""
+        );
+    }
+
+    #[test]
+    fn env_values_are_masked_unless_send() {
+        assert!(!parse(&[]).unwrap().send_env_values);
+        assert!(
+            !parse(&[("AUTONOMIC_WIRE_ENV_VALUES", "mask")])
+                .unwrap()
+                .send_env_values
+        );
+        assert!(
+            parse(&[("AUTONOMIC_WIRE_ENV_VALUES", " send ")])
+                .unwrap()
+                .send_env_values
+        );
+        let err = parse(&[("AUTONOMIC_WIRE_ENV_VALUES", "yes")]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "AUTONOMIC_WIRE_ENV_VALUES: expected mask or send, got \"yes\""
         );
     }
 

@@ -34,15 +34,134 @@ fn write_snake_key<W: ?Sized + std::io::Write>(w: &mut W, key: &[u8]) -> std::io
 /// object key through [`write_snake_key`], at any depth. A formatter for serde_json's
 /// writer, so no JSON tree is built: it holds a key until it is whole, then writes it
 /// re-keyed. The keys of every type written here are strings.
+///
+/// Writing a spec, it also hides what TRUST.md §4 says never leaves the cluster: each
+/// `env[].value` (unless the admin chose to send them; the `env` of a Runtime, a Tool or
+/// an Agent's `runtime`) and the password of a Memory's `url`. It knows where it is by
+/// the objects and arrays open around it and the key each is at, so the spec is never
+/// copied to be masked.
 #[derive(Default)]
 struct Snake {
     in_key: bool,
     /// The key being written (its escaped text), and whether it had an escape.
     key: Vec<u8>,
     escaped: bool,
+    mask: Option<Mask>,
+    /// Each object and array open around what is written, with the key it is at now
+    /// (an object's last key; an array has none): only while masking.
+    open: Vec<(Open, Key)>,
+    /// The string being written, when it is held to be masked.
+    held: Option<Held>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Open {
+    Object,
+    Array,
+}
+
+/// The keys masking looks for.
+#[derive(Clone, Copy, PartialEq)]
+enum Key {
+    Env,
+    Value,
+    Url,
+    Other,
+}
+
+/// What a spec's wire form hides (TRUST.md §4): a url's password always, env values
+/// unless the admin chose to send them.
+#[derive(Clone, Copy)]
+struct Mask {
+    env_values: bool,
+}
+
+/// A string the formatter holds back: an env value (dropped) or a url (its escaped
+/// text, written with the password replaced once whole).
+enum Held {
+    EnvValue,
+    Url(Vec<u8>),
+}
+
+/// What a masked value is sent as.
+pub const MASKED: &str = "***";
+
+/// `url` with the password of its userinfo replaced by [`MASKED`]: the user name,
+/// host, port, path and query stay (`redis://default:***@redis:6379/0`). Text without
+/// a scheme's `://` or without a password passes unchanged.
+///
+/// A typed password may hold what a URL should have escaped (`/`, `?`, `#`, `@`: a
+/// base64 one often holds `/`), so the userinfo is taken to end at the *last* `@`, and
+/// the password to start at the first `:` after the scheme: nothing of such a password
+/// is shown. The price, an `@` after the host (`redis://h:6379/0?to=a@b`) hides what
+/// lies between the first `:` and it, is paid for safety.
+pub fn mask_url_password(url: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let Some(scheme_end) = url.windows(3).position(|w| w == b"://") else {
+        return url.into();
+    };
+    let rest = scheme_end + 3;
+    let Some(at) = url[rest..].iter().rposition(|&b| b == b'@') else {
+        return url.into();
+    };
+    let Some(colon) = url[rest..rest + at].iter().position(|&b| b == b':') else {
+        return url.into();
+    };
+    let mut out = Vec::with_capacity(url.len());
+    out.extend_from_slice(&url[..rest + colon + 1]);
+    out.extend_from_slice(MASKED.as_bytes());
+    out.extend_from_slice(&url[rest + at..]);
+    out.into()
+}
+
+impl Snake {
+    /// Whether the string about to be written is held, and how: a spec's top-level
+    /// `url`, or the `value` of an object in an array at key `env`.
+    fn hold(&self) -> Option<Held> {
+        let mask = self.mask?;
+        let at = |back: usize| self.open.len().checked_sub(back).map(|i| self.open[i]);
+        match (at(1), at(2), at(3)) {
+            (Some((Open::Object, Key::Url)), None, None) => Some(Held::Url(Vec::new())),
+            (
+                Some((Open::Object, Key::Value)),
+                Some((Open::Array, _)),
+                Some((Open::Object, Key::Env)),
+            ) if mask.env_values => Some(Held::EnvValue),
+            _ => None,
+        }
+    }
+
+    fn enter(&mut self, open: Open) {
+        if self.mask.is_some() {
+            self.open.push((open, Key::Other));
+        }
+    }
+
+    fn leave(&mut self) {
+        self.open.pop();
+    }
 }
 
 impl serde_json::ser::Formatter for Snake {
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.enter(Open::Object);
+        w.write_all(b"{")
+    }
+
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.leave();
+        w.write_all(b"}")
+    }
+
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.enter(Open::Array);
+        w.write_all(b"[")
+    }
+
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.leave();
+        w.write_all(b"]")
+    }
+
     fn begin_object_key<W: ?Sized + std::io::Write>(
         &mut self,
         w: &mut W,
@@ -66,6 +185,14 @@ impl serde_json::ser::Formatter for Snake {
         } else {
             write_snake_key(w, &self.key)?;
         }
+        if let Some((_, key)) = self.open.last_mut() {
+            *key = match (self.escaped, self.key.as_slice()) {
+                (false, b"env") => Key::Env,
+                (false, b"value") => Key::Value,
+                (false, b"url") => Key::Url,
+                _ => Key::Other,
+            };
+        }
         w.write_all(b"\"")
     }
 
@@ -73,12 +200,18 @@ impl serde_json::ser::Formatter for Snake {
         if self.in_key {
             return Ok(());
         }
+        self.held = self.hold();
         w.write_all(b"\"")
     }
 
     fn end_string<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         if self.in_key {
             return Ok(());
+        }
+        match self.held.take() {
+            Some(Held::EnvValue) => w.write_all(MASKED.as_bytes())?,
+            Some(Held::Url(text)) => w.write_all(&mask_url_password(&text))?,
+            None => {}
         }
         w.write_all(b"\"")
     }
@@ -92,7 +225,14 @@ impl serde_json::ser::Formatter for Snake {
             self.key.extend_from_slice(fragment.as_bytes());
             return Ok(());
         }
-        w.write_all(fragment.as_bytes())
+        match &mut self.held {
+            Some(Held::EnvValue) => Ok(()),
+            Some(Held::Url(text)) => {
+                text.extend_from_slice(fragment.as_bytes());
+                Ok(())
+            }
+            None => w.write_all(fragment.as_bytes()),
+        }
     }
 
     fn write_char_escape<W: ?Sized + std::io::Write>(
@@ -105,15 +245,28 @@ impl serde_json::ser::Formatter for Snake {
             self.escaped = true;
             return CompactFormatter.write_char_escape(&mut self.key, escape);
         }
-        CompactFormatter.write_char_escape(w, escape)
+        match &mut self.held {
+            Some(Held::EnvValue) => Ok(()),
+            Some(Held::Url(text)) => CompactFormatter.write_char_escape(text, escape),
+            None => CompactFormatter.write_char_escape(w, escape),
+        }
     }
 }
 
 /// Appends `value` as JSON with snake_case keys (`null` if it cannot be written: a map
 /// with keys that are not strings, which no type written here has).
 fn write_snake<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
+    write_snake_with(out, value, None);
+}
+
+/// As [`write_snake`], hiding what `mask` says (a spec's wire form).
+fn write_snake_with<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T, mask: Option<Mask>) {
     let start = out.len();
-    let mut ser = serde_json::Serializer::with_formatter(&mut *out, Snake::default());
+    let snake = Snake {
+        mask,
+        ..Snake::default()
+    };
+    let mut ser = serde_json::Serializer::with_formatter(&mut *out, snake);
     if value.serialize(&mut ser).is_err() {
         out.truncate(start);
         put(out, b"null");
@@ -195,6 +348,7 @@ fn write_resource<K, P, S>(
     status: Option<&S>,
     pod: Option<&PodView>,
     demand: Option<&Value>,
+    mask: Mask,
 ) where
     K: kube::Resource<DynamicType = ()>,
     P: Serialize,
@@ -246,7 +400,7 @@ fn write_resource<K, P, S>(
     put(out, b",\"resource_version\":");
     write_str(out, text(&meta.resource_version));
     put(out, b",\"spec\":");
-    write_snake(out, spec);
+    write_snake_with(out, spec, Some(mask));
     put(out, b",\"status\":");
     match status {
         Some(status) => write_snake(out, status),
@@ -291,6 +445,9 @@ pub struct Wire<'a> {
 impl WriteJson for Wire<'_> {
     fn write_json(&self, out: &mut Vec<u8>) {
         let store = &self.ctx.store;
+        let mask = Mask {
+            env_values: !self.ctx.config.send_env_values,
+        };
         let owned = |meta: &kube::api::ObjectMeta, pod: &str| {
             store.owned_pod(
                 meta.namespace.as_deref().unwrap_or_default(),
@@ -301,19 +458,35 @@ impl WriteJson for Wire<'_> {
         match &self.resource {
             Resource::Agent(a) => {
                 let pod = owned(&a.metadata, &a.name_any());
-                write_resource(out, &**a, &a.spec, a.status.as_ref(), pod.as_deref(), None);
+                write_resource(
+                    out,
+                    &**a,
+                    &a.spec,
+                    a.status.as_ref(),
+                    pod.as_deref(),
+                    None,
+                    mask,
+                );
             }
             Resource::Tool(t) => {
                 let pod = owned(&t.metadata, &tool::pod_name(&t.name_any()));
                 let demand = Some(tool_demand(t));
                 let (spec, status) = (&t.spec, t.status.as_ref());
-                write_resource(out, &**t, spec, status, pod.as_deref(), demand.as_ref());
+                write_resource(
+                    out,
+                    &**t,
+                    spec,
+                    status,
+                    pod.as_deref(),
+                    demand.as_ref(),
+                    mask,
+                );
             }
             Resource::Runtime(r) => {
-                write_resource(out, &**r, &r.spec, r.status.as_ref(), None, None);
+                write_resource(out, &**r, &r.spec, r.status.as_ref(), None, None, mask);
             }
             Resource::Memory(m) => {
-                write_resource(out, &**m, &m.spec, m.status.as_ref(), None, None);
+                write_resource(out, &**m, &m.spec, m.status.as_ref(), None, None, mask);
             }
         }
     }
@@ -657,7 +830,7 @@ mod tests {
         let memory: Memory = serde_json::from_value(json!({
             "apiVersion": "autonomic.sh/v1alpha1", "kind": "Memory",
             "metadata": {"name": "m", "namespace": "ns", "uid": "u-3"},
-            "spec": {"backend": "redis", "url": "redis://m:6379", "secretRef": {"name": "s", "key": "k"}},
+            "spec": {"backend": "redis", "url": "redis://default:p@ss:w@m:6379/0?x=y", "secretRef": {"name": "s", "key": "k"}},
             "status": {"phase": "Bound", "message": "reachable"}
         }))
         .unwrap();
@@ -665,11 +838,12 @@ mod tests {
     }
 
     /// The four samples' wire forms as the JSON trees they were built as before they were
-    /// written directly (`0bb87a0`..`4cba6a1`), one a line.
-    const BEFORE: &str = r#"{"created_at":"2026-12-03T07:00:00Z","generation":3,"kind":"Agent","labels":{"app.kubernetes.io/name":"agent","team":"x\"y"},"message":"pod Running","name":"a-1","namespace":"ns","phase":"Active","pods":[{"containers":[{"name":"agentlet","ready":true,"reason":"","state":"running"},{"name":"runtime","ready":false,"reason":"CrashLoopBackOff","state":"waiting"},{"name":"init","ready":false,"reason":"Completed","state":"terminated"}],"name":"a-1","node":"node-1","phase":"Running","ready":false,"restarts":4}],"ready":true,"resource_version":"42","spec":{"agentlet":{},"paused":false,"restart_policy":"OnFailure","runtime":{"command":["sleep","3600"],"env":[{"name":"A_B","value":"line\nbreak"}],"image":"img:1","ref":"base","resources":{"limits":{"memory":"1Gi","nvidia.com/gpu":"1"},"requests":{"hugepages-2Mi":"2Mi"}}},"service_account_name":"sa","tools":["t"]},"status":{"conditions":[{"last_transition_time":"2026-12-03T07:01:00Z","message":"ok","observed_generation":3,"reason":"Running","status":"True","type":"Ready"}],"context_summary":null,"memory_refs":[],"message":"pod Running","observed_generation":3,"phase":"Active","pod_name":"a-1","started_at":null},"uid":"u-1"}
+    /// written directly (`0bb87a0`..`4cba6a1`), one a line; the env value and the url
+    /// password masked since (TRUST.md §4).
+    const BEFORE: &str = r#"{"created_at":"2026-12-03T07:00:00Z","generation":3,"kind":"Agent","labels":{"app.kubernetes.io/name":"agent","team":"x\"y"},"message":"pod Running","name":"a-1","namespace":"ns","phase":"Active","pods":[{"containers":[{"name":"agentlet","ready":true,"reason":"","state":"running"},{"name":"runtime","ready":false,"reason":"CrashLoopBackOff","state":"waiting"},{"name":"init","ready":false,"reason":"Completed","state":"terminated"}],"name":"a-1","node":"node-1","phase":"Running","ready":false,"restarts":4}],"ready":true,"resource_version":"42","spec":{"agentlet":{},"paused":false,"restart_policy":"OnFailure","runtime":{"command":["sleep","3600"],"env":[{"name":"A_B","value":"***"}],"image":"img:1","ref":"base","resources":{"limits":{"memory":"1Gi","nvidia.com/gpu":"1"},"requests":{"hugepages-2Mi":"2Mi"}}},"service_account_name":"sa","tools":["t"]},"status":{"conditions":[{"last_transition_time":"2026-12-03T07:01:00Z","message":"ok","observed_generation":3,"reason":"Running","status":"True","type":"Ready"}],"context_summary":null,"memory_refs":[],"message":"pod Running","observed_generation":3,"phase":"Active","pod_name":"a-1","started_at":null},"uid":"u-1"}
 {"created_at":"","demand":{"idle_since":"2026-12-03T07:00:00Z","idle_until":"2026-12-03T07:01:00Z","state":"grace","users":0},"generation":1,"kind":"Tool","labels":{},"message":"","name":"t","namespace":"ns","phase":"Ready","pods":[],"ready":true,"resource_version":"7","spec":{"always_on":false,"disabled":false,"idle_seconds":60,"image":"tool:1","port":8080},"status":{"conditions":[],"endpoint":null,"idle_since":"2026-12-03T07:00:00Z","message":null,"observed_generation":null,"phase":"Ready","pod_name":null,"users":0},"uid":"u-2"}
 {"created_at":"","generation":0,"kind":"Runtime","labels":{},"message":"","name":"base","namespace":"ns","phase":"","pods":[],"ready":false,"resource_version":"","spec":{"image":"img:0"},"status":{},"uid":""}
-{"created_at":"","generation":0,"kind":"Memory","labels":{},"message":"reachable","name":"m","namespace":"ns","phase":"Bound","pods":[],"ready":true,"resource_version":"","spec":{"backend":"redis","secret_ref":{"key":"k","name":"s"},"url":"redis://m:6379"},"status":{"conditions":[],"message":"reachable","observed_generation":null,"phase":"Bound","secret_name":null},"uid":"u-3"}"#;
+{"created_at":"","generation":0,"kind":"Memory","labels":{},"message":"reachable","name":"m","namespace":"ns","phase":"Bound","pods":[],"ready":true,"resource_version":"","spec":{"backend":"redis","secret_ref":{"key":"k","name":"s"},"url":"redis://default:***@m:6379/0?x=y"},"status":{"conditions":[],"message":"reachable","observed_generation":null,"phase":"Bound","secret_name":null},"uid":"u-3"}"#;
 
     // A runtime only for the test context's client, which is never called.
     #[tokio::test]
@@ -703,6 +877,166 @@ mod tests {
         let written = String::from_utf8(written).unwrap();
         let head = |t: &str| t.split_once(",\"spec\"").unwrap().0.to_owned();
         assert_eq!(head(&written), head(BEFORE.lines().next().unwrap()));
+    }
+
+    #[test]
+    fn a_url_password_is_masked_and_nothing_else() {
+        for (url, want) in [
+            (
+                "redis://default:pw@redis:6379/0",
+                "redis://default:***@redis:6379/0",
+            ),
+            ("redis://:pw@redis", "redis://:***@redis"),
+            (
+                "postgres://u:p@ss@db/x?sslmode=require",
+                "postgres://u:***@db/x?sslmode=require",
+            ),
+            ("redis://u:a/b+c@h:6379/0", "redis://u:***@h:6379/0"),
+            ("redis://u:a@b/c?d#e@h/0", "redis://u:***@h/0"),
+            // An '@' after the host: what lies between the first ':' and it is hidden.
+            ("redis://h:6379/0?to=a@b", "redis://h:***@b"),
+            ("redis://user@redis:6379", "redis://user@redis:6379"),
+            ("redis://redis:6379/0", "redis://redis:6379/0"),
+            ("not a url: pw@host", "not a url: pw@host"),
+            ("", ""),
+        ] {
+            assert_eq!(
+                String::from_utf8(mask_url_password(url.as_bytes()).into_owned()).unwrap(),
+                want,
+                "{url}"
+            );
+        }
+    }
+
+    /// A small deterministic generator: random specs without a crate for it.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: u64) -> usize {
+            (self.next() % n) as usize
+        }
+
+        /// Text with what JSON escapes and what a url's parts are made of.
+        fn text(&mut self, max: u64) -> String {
+            const PARTS: [&str; 14] = [
+                "a", "Z", "9", "\"", "\\", "\n", "\u{1}", "é", "🦀", "@", ":", "/", "%40", " ",
+            ];
+            (0..self.below(max + 1))
+                .map(|_| PARTS[self.below(PARTS.len() as u64)])
+                .collect()
+        }
+    }
+
+    /// Random specs of the three kinds with `env` and of Memory with a url: no env value
+    /// and no url password is in the wire form, wherever they sit and whatever they
+    /// hold; names, `valueFrom`, user names and hosts are; the output is JSON. With the
+    /// admin's `send`, the env values are there as written.
+    #[test]
+    fn random_specs_never_carry_an_env_value_or_a_url_password() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for round in 0..400 {
+            // Each secret holds a marker no other field has.
+            let secret = |rng: &mut Rng, i: usize| format!("S3CR3T{round}x{i}{}", rng.text(6));
+            let env: Vec<Value> = (0..rng.below(5))
+                .map(|i| match rng.below(3) {
+                    0 => json!({"name": format!("V{i}{}", rng.text(3)),
+                        "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}),
+                    _ => json!({"name": format!("V{i}{}", rng.text(3)), "value": secret(&mut rng, i)}),
+                })
+                .collect();
+            let (kind, spec) = match round % 4 {
+                0 => (
+                    "Agent",
+                    json!({"runtime": {"image": "i", "env": env}, "tools": [rng.text(4)]}),
+                ),
+                1 => (
+                    "Runtime",
+                    json!({"image": rng.text(8), "env": env, "args": [rng.text(5)]}),
+                ),
+                2 => ("Tool", json!({"image": "t", "port": 80, "env": env})),
+                _ => {
+                    let user = format!("user{}", rng.text(3).replace(['@', ':', '/'], ""));
+                    let password = secret(&mut rng, 99);
+                    // The path holds no '@': one there is taken as the userinfo's end.
+                    let path = rng.text(4).replace('@', "");
+                    let url = format!("redis://{user}:{password}@host-{round}:6379/{path}");
+                    ("Memory", json!({"backend": "redis", "url": url}))
+                }
+            };
+            let object = json!({"apiVersion": "autonomic.sh/v1alpha1", "kind": kind,
+                "metadata": {"name": "x", "namespace": "ns"}, "spec": spec});
+            let written = |env_values: bool| -> String {
+                let mut out = Vec::new();
+                let mask = Mask { env_values };
+                match kind {
+                    "Agent" => {
+                        let a: Agent = serde_json::from_value(object.clone()).unwrap();
+                        write_resource(&mut out, &a, &a.spec, a.status.as_ref(), None, None, mask);
+                    }
+                    "Runtime" => {
+                        let r: Runtime = serde_json::from_value(object.clone()).unwrap();
+                        write_resource(&mut out, &r, &r.spec, r.status.as_ref(), None, None, mask);
+                    }
+                    "Tool" => {
+                        let t: Tool = serde_json::from_value(object.clone()).unwrap();
+                        write_resource(&mut out, &t, &t.spec, t.status.as_ref(), None, None, mask);
+                    }
+                    _ => {
+                        let m: Memory = serde_json::from_value(object.clone()).unwrap();
+                        write_resource(&mut out, &m, &m.spec, m.status.as_ref(), None, None, mask);
+                    }
+                }
+                String::from_utf8(out).unwrap()
+            };
+            let masked = written(true);
+            let tree: Value =
+                serde_json::from_str(&masked).unwrap_or_else(|e| panic!("{e}: {masked}"));
+            assert!(!masked.contains("S3CR3T"), "{masked}");
+            let env_out = match kind {
+                "Agent" => tree["spec"]["runtime"]["env"].clone(),
+                _ => tree["spec"]["env"].clone(),
+            };
+            if kind == "Memory" {
+                let url = tree["spec"]["url"].as_str().unwrap();
+                assert!(
+                    url.starts_with("redis://user") && url.contains(":***@host-"),
+                    "{url:?}"
+                );
+            } else {
+                // Every entry kept, in order, names and valueFrom as written.
+                let want: Vec<Value> = env
+                    .iter()
+                    .map(|e| {
+                        let mut e = e.clone();
+                        if e.get("value").is_some() {
+                            e["value"] = json!(MASKED);
+                        }
+                        snaked(&e)
+                    })
+                    .collect();
+                assert_eq!(env_out, Value::Array(want), "{masked}");
+            }
+            // The admin's `send`: env values as written; a url password never.
+            let sent = written(false);
+            let sent_tree: Value = serde_json::from_str(&sent).unwrap();
+            if kind == "Memory" {
+                assert_eq!(sent, masked);
+            } else {
+                let env_sent = match kind {
+                    "Agent" => &sent_tree["spec"]["runtime"]["env"],
+                    _ => &sent_tree["spec"]["env"],
+                };
+                let want: Vec<Value> = env.iter().map(snaked).collect();
+                assert_eq!(env_sent, &Value::Array(want));
+            }
+        }
     }
 
     #[test]
