@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, AttachParams, PostParams};
 use serde_json::{Value, json};
-use support::fake_cp::FakeCp;
+use support::fake_cp::{FakeCp, Received};
 use support::*;
 use tokio::io::AsyncReadExt;
 
@@ -502,4 +502,180 @@ fn vm_kib(pid: u32, field: &str) -> u64 {
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap()
+}
+
+/// TRUST.md §5, the admin's veto, on the bed: the namespace label
+/// `autonomic.sh/shell: disabled` refuses shells there within 10 s (io_close `denied`,
+/// audited `session.denied` naming the label) and its removal lets them open again;
+/// `AUTONOMIC_CONTROL_ACTIONS` refuses the actions it leaves out (`ok: false`, audited
+/// `control.denied` naming the rule, the Agent untouched) and runs the others; with
+/// `AUTONOMIC_SHELL_ENABLED=false` every shell is refused, and the manager runs with the
+/// chart's identity for that setting, which holds no `pods/exec`.
+#[tokio::test]
+async fn the_admins_veto_on_shells_and_control_actions() {
+    require_node();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "sh-veto").await;
+    let cp = FakeCp::start().await;
+    let _m = start(
+        &ns.name,
+        &cp,
+        &[("AUTONOMIC_CONTROL_ACTIONS", "pause,resume")],
+    );
+    active(&ns, &cp, "open").await;
+    open(&cp, 1, target(&ns.name, "open"), None, true).await;
+    cp.wait_frame("io_opened 1", frame_on("io_opened", 1)).await;
+
+    // The label: refused from at most 10 s on.
+    let (ok, out) = kubectl(
+        &[
+            "label",
+            "namespace",
+            &ns.name,
+            "autonomic.sh/shell=disabled",
+        ],
+        None,
+    );
+    assert!(ok, "{out}");
+    let labelled = Instant::now();
+    let mut ch = 2;
+    let refused = loop {
+        open(&cp, ch, target(&ns.name, "open"), None, true).await;
+        let answer = cp
+            .wait_frame("an answer to io_open", |r| {
+                (r.frame_type() == Some("io_opened") || r.frame_type() == Some("io_close"))
+                    && r.json().and_then(|v| v["channel"].as_u64()) == Some(u64::from(ch))
+            })
+            .await;
+        if answer.frame_type() == Some("io_close") {
+            assert_eq!(answer.json().unwrap()["reason"], "denied");
+            break ch;
+        }
+        cp.send(json!({"type": "io_close", "channel": ch})).await;
+        assert!(
+            labelled.elapsed() < Duration::from_secs(10),
+            "the label took no effect in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        ch += 1;
+    };
+    eprintln!(
+        "the label refused shells {:?} after it was set",
+        labelled.elapsed()
+    );
+    let ev = cp
+        .wait_frame(
+            "session.denied",
+            audit_of("session.denied", format!("sess-{refused}")),
+        )
+        .await;
+    assert_eq!(
+        ev.json().unwrap()["event"]["detail"]["reason"],
+        format!(
+            "shells are disabled in namespace \"{}\" by the admin (label autonomic.sh/shell=disabled)",
+            ns.name
+        )
+    );
+    // The session opened before the label goes on.
+    stdin(&cp, 1, "echo still-''open\n").await;
+    wait_output(&cp, 1, 1, "still-open").await;
+
+    // The label removed: shells open again.
+    let (ok, out) = kubectl(
+        &["label", "namespace", &ns.name, "autonomic.sh/shell-"],
+        None,
+    );
+    assert!(ok, "{out}");
+    let unlabelled = Instant::now();
+    let mut ch = 100;
+    loop {
+        open(&cp, ch, target(&ns.name, "open"), None, true).await;
+        let answer = cp
+            .wait_frame("an answer to io_open", |r| {
+                (r.frame_type() == Some("io_opened") || r.frame_type() == Some("io_close"))
+                    && r.json().and_then(|v| v["channel"].as_u64()) == Some(u64::from(ch))
+            })
+            .await;
+        if answer.frame_type() == Some("io_opened") {
+            break;
+        }
+        assert!(
+            unlabelled.elapsed() < Duration::from_secs(10),
+            "the label's removal took no effect in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        ch += 1;
+    }
+
+    // Control actions: delete is left out, pause runs.
+    let control = |id: &str, action: &str| {
+        json!({"type": "control", "id": id, "action": action, "actor": "alice@example.com",
+               "target": {"kind": "Agent", "namespace": ns.name, "name": "open"}})
+    };
+    let result = |id: &'static str| {
+        move |r: &Received| {
+            r.frame_type() == Some("control_result") && r.json().unwrap()["id"] == id
+        }
+    };
+    cp.send(control("v1", "delete")).await;
+    let r = cp.wait_frame("v1", result("v1")).await;
+    let why = "action delete is not allowed by the admin (AUTONOMIC_CONTROL_ACTIONS=pause,resume)";
+    assert_eq!(r.json().unwrap()["ok"], false);
+    assert_eq!(r.json().unwrap()["error"], why);
+    let denied = cp
+        .wait_frame("control.denied", |r| {
+            r.frame_type() == Some("audit")
+                && r.json().unwrap()["event"]["action"] == "control.denied"
+        })
+        .await;
+    assert_eq!(denied.json().unwrap()["event"]["detail"]["reason"], why);
+    cp.send(control("v2", "pause")).await;
+    assert_eq!(
+        cp.wait_frame("v2", result("v2")).await.json().unwrap()["ok"],
+        true
+    );
+    let agents: Api<Agent> = ns.api();
+    wait_for(&agents, "open", "paused", |a| a.spec.paused).await;
+    assert!(
+        agents.get_opt("open").await.unwrap().is_some(),
+        "the delete was refused"
+    );
+
+    // Shells off by configuration, in a namespace of its own (one manager each).
+    let off = TestNamespace::new(&client, "sh-veto-off").await;
+    let cp2 = FakeCp::start().await;
+    let m2 = start(&off.name, &cp2, &[("AUTONOMIC_SHELL_ENABLED", "false")]);
+    active(&off, &cp2, "open").await;
+    open(&cp2, 1, target(&off.name, "open"), None, true).await;
+    let close = cp2
+        .wait_frame("io_close denied", frame_on("io_close", 1))
+        .await;
+    assert_eq!(close.json().unwrap()["reason"], "denied");
+    let ev = cp2
+        .wait_frame(
+            "session.denied",
+            audit_of("session.denied", "sess-1".into()),
+        )
+        .await;
+    assert_eq!(
+        ev.json().unwrap()["event"]["detail"]["reason"],
+        "shells are disabled by the admin (AUTONOMIC_SHELL_ENABLED=false)"
+    );
+    // Its identity, the chart's with manager.shell.enabled=false, has no pods/exec.
+    let who = format!("system:serviceaccount:{}:autonomic-manager", off.name);
+    let (_, answer) = kubectl(
+        &[
+            "auth",
+            "can-i",
+            "create",
+            "pods/exec",
+            "-n",
+            &off.name,
+            "--as",
+            &who,
+        ],
+        None,
+    );
+    assert_eq!(answer.trim(), "no", "{answer}");
+    assert!(!m2.logs().contains("forbidden"));
 }

@@ -153,6 +153,16 @@ pub const ENV_VARS: &[EnvVar] = &[
         "an Agent, Tool, Runtime or Memory whose spec is larger as JSON (bytes, at least 1) is not reconciled: Error, reason SpecTooLarge",
     ),
     env(
+        "AUTONOMIC_SHELL_ENABLED",
+        "true",
+        "false: every io_open is refused (io_close denied, audited session.denied); a namespace labelled autonomic.sh/shell=disabled refuses them either way",
+    ),
+    env(
+        "AUTONOMIC_CONTROL_ACTIONS",
+        "restart,pause,resume,delete",
+        "the control actions the control plane may ask, comma-separated, or none; another is refused (control_result ok false, audited control.denied)",
+    ),
+    env(
         "AUTONOMIC_WIRE_ENV_VALUES",
         "mask",
         "mask: the env[].value of every spec reaches the control plane as \"***\"; send: as written (url passwords are masked either way)",

@@ -132,6 +132,43 @@ pub struct Config {
     /// `AUTONOMIC_WIRE_ENV_VALUES=send`: the `env[].value`s of specs reach the control
     /// plane as written; by default (`mask`) each is sent as `***` (TRUST.md §4).
     pub send_env_values: bool,
+    /// `AUTONOMIC_SHELL_ENABLED` (default true): whether the control plane may open
+    /// shells at all; a namespace labelled `autonomic.sh/shell: disabled` refuses them
+    /// either way (TRUST.md §5).
+    pub shell_enabled: bool,
+    /// `AUTONOMIC_CONTROL_ACTIONS`: the `control` actions the control plane may ask, of
+    /// [`CONTROL_ACTIONS`] (all by default; `none` for none) (TRUST.md §5).
+    pub control_actions: Vec<&'static str>,
+}
+
+/// Every `control` action there is (PROTOCOL.md §3), by its wire name.
+pub const CONTROL_ACTIONS: [&str; 4] = ["restart", "pause", "resume", "delete"];
+
+/// `AUTONOMIC_CONTROL_ACTIONS`: names of [`CONTROL_ACTIONS`], comma-separated, or
+/// `none`; unset, all of them.
+fn control_actions(v: Option<&str>) -> Result<Vec<&'static str>, ConfigError> {
+    let Some(v) = v else {
+        return Ok(CONTROL_ACTIONS.to_vec());
+    };
+    if v.trim() == "none" {
+        return Ok(Vec::new());
+    }
+    let mut allowed = Vec::new();
+    for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let Some(known) = CONTROL_ACTIONS.iter().find(|a| **a == name) else {
+            return Err(ConfigError::Invalid {
+                var: "AUTONOMIC_CONTROL_ACTIONS",
+                reason: format!(
+                    "{name:?} is not a control action: expected some of {} (comma-separated), or none",
+                    CONTROL_ACTIONS.join(", ")
+                ),
+            });
+        };
+        if !allowed.contains(known) {
+            allowed.push(*known);
+        }
+    }
+    Ok(allowed)
 }
 
 /// The default of `AUTONOMIC_ROLL_MAX`: ten Agents out of service at once is a small
@@ -377,6 +414,8 @@ impl Config {
                     });
                 }
             },
+            shell_enabled: flag("AUTONOMIC_SHELL_ENABLED", true)?,
+            control_actions: control_actions(var("AUTONOMIC_CONTROL_ACTIONS").as_deref())?,
         })
     }
 
@@ -521,6 +560,27 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "AUTONOMIC_POD_SECURITY: expected restricted, baseline or privileged, got \"none\""
+        );
+    }
+
+    #[test]
+    fn shells_and_every_control_action_are_allowed_unless_the_admin_says_otherwise() {
+        let c = parse(&[]).unwrap();
+        assert!(c.shell_enabled);
+        assert_eq!(c.control_actions, CONTROL_ACTIONS);
+        let c = parse(&[
+            ("AUTONOMIC_SHELL_ENABLED", "false"),
+            ("AUTONOMIC_CONTROL_ACTIONS", " pause, resume,,pause "),
+        ])
+        .unwrap();
+        assert!(!c.shell_enabled);
+        assert_eq!(c.control_actions, ["pause", "resume"]);
+        let none = parse(&[("AUTONOMIC_CONTROL_ACTIONS", "none")]).unwrap();
+        assert!(none.control_actions.is_empty());
+        let err = parse(&[("AUTONOMIC_CONTROL_ACTIONS", "pause,exec")]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "AUTONOMIC_CONTROL_ACTIONS: \"exec\" is not a control action: expected some of restart, pause, resume, delete (comma-separated), or none"
         );
     }
 

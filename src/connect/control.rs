@@ -125,6 +125,22 @@ fn deny(
     })
 }
 
+/// The admin's veto (TRUST.md §5): an action outside `AUTONOMIC_CONTROL_ACTIONS` is
+/// refused before anything else is looked at, the rule named.
+fn allowed(actions: &[&str], action: ControlAction) -> Result<(), String> {
+    let name = action.wire_name();
+    if actions.contains(&name) {
+        return Ok(());
+    }
+    let list = match actions {
+        [] => "none".to_owned(),
+        some => some.join(","),
+    };
+    Err(format!(
+        "action {name} is not allowed by the admin (AUTONOMIC_CONTROL_ACTIONS={list})"
+    ))
+}
+
 /// Why `restart` cannot do what it says for this Agent, if it cannot: a finished Agent
 /// (`Succeeded`/`Failed` under `restartPolicy` `OnFailure`/`Never`, for its current
 /// generation) gets no new pod when its pod is deleted (the reconciler's own rule,
@@ -149,6 +165,7 @@ pub fn restart_refusal(a: &Agent) -> Option<String> {
 
 /// Carries out `c`. `Ok` says what was done; `Err` why it was refused or failed.
 pub async fn execute(ctx: &Context, c: &Control) -> Result<String, String> {
+    allowed(&ctx.config.control_actions, c.action)?;
     let t = &c.target;
     let kind = match Kind::parse(&t.kind) {
         Some(k @ (Kind::Agent | Kind::Tool)) => k,
@@ -257,6 +274,42 @@ mod tests {
             ..Default::default()
         });
         a
+    }
+
+    /// TRUST.md §5: an action the admin left out is refused before anything is looked
+    /// at (the test context's API server is never reached), answered `ok: false` and
+    /// audited `control.denied`, the rule named.
+    #[tokio::test]
+    async fn an_action_the_admin_left_out_is_refused_and_audited() {
+        let config = crate::config::Config::parse(|k| {
+            (k == "AUTONOMIC_CONTROL_ACTIONS").then(|| "pause, resume".to_owned())
+        })
+        .unwrap();
+        let ctx = crate::connect::test_context_with(config);
+        let c: Control = serde_json::from_value(json!({
+            "id": "c-1", "action": "delete", "actor": "ada",
+            "target": {"kind": "Agent", "namespace": "team", "name": "triage"}
+        }))
+        .unwrap();
+        let want =
+            "action delete is not allowed by the admin (AUTONOMIC_CONTROL_ACTIONS=pause,resume)";
+        let Frame::ControlResult(r) = answer(&ctx, c).await else {
+            panic!("not a control_result");
+        };
+        assert_eq!(
+            (r.id.as_str(), r.ok, r.error.as_deref()),
+            ("c-1", false, Some(want))
+        );
+        let events = ctx.link.audit.drain();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].action, AuditAction::ControlDenied);
+        assert_eq!(events[0].detail.reason.as_deref(), Some(want));
+        assert_eq!(events[0].target.name, "triage");
+        assert_eq!(
+            allowed(&[], ControlAction::Pause).unwrap_err(),
+            "action pause is not allowed by the admin (AUTONOMIC_CONTROL_ACTIONS=none)"
+        );
+        assert!(allowed(&crate::config::CONTROL_ACTIONS, ControlAction::Delete).is_ok());
     }
 
     #[test]

@@ -1448,6 +1448,9 @@ mod tests {
                 {"name": "runtime", "ready": true, "restartCount": 0}]},
         }))
         .unwrap();
+        let namespace: crate::store::NamespaceView =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "team"}})).unwrap();
+        ctx.store.namespaces.insert(namespace);
         ctx.store.agents.insert(agent);
         ctx.store.pods.insert(pod);
         ctx

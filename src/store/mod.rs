@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use cache::{Cache, Latch, ObjKey, SyncGate, trim};
-pub use namespace::NamespaceView;
+pub use namespace::{NamespaceView, SHELL_DISABLED, SHELL_LABEL};
 pub use offer::{OFFER_SELECTOR, OfferedSecret, OfferedServiceAccount};
 pub use pod::{CONTEXT_SUMMARY_MAX, PodView, SPEC_HASH};
 pub use secret::SecretView;

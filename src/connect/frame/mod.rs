@@ -205,6 +205,18 @@ pub enum ControlAction {
     Delete,
 }
 
+impl ControlAction {
+    /// The action as the frame names it (`AUTONOMIC_CONTROL_ACTIONS` uses these).
+    pub fn wire_name(self) -> &'static str {
+        match self {
+            ControlAction::Restart => "restart",
+            ControlAction::Pause => "pause",
+            ControlAction::Resume => "resume",
+            ControlAction::Delete => "delete",
+        }
+    }
+}
+
 /// What a `control` acts on. `kind` stays a string: a kind the manager does not act on
 /// is refused with `ok: false`, not rejected as a malformed frame.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -656,6 +668,21 @@ mod tests {
         ];
         for (frame, text) in cases {
             assert_eq!(encode(&frame), text);
+        }
+    }
+
+    #[test]
+    fn every_control_action_is_one_the_admin_can_name() {
+        let all = [
+            ControlAction::Restart,
+            ControlAction::Pause,
+            ControlAction::Resume,
+            ControlAction::Delete,
+        ];
+        let names: Vec<&str> = all.iter().map(|a| a.wire_name()).collect();
+        assert_eq!(names, crate::config::CONTROL_ACTIONS);
+        for a in all {
+            assert_eq!(serde_json::to_value(a).unwrap(), a.wire_name());
         }
     }
 

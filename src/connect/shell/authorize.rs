@@ -4,12 +4,15 @@ use super::IoOpen;
 use crate::config::Config;
 use crate::crd::AgentPhase;
 use crate::store::Store;
+use crate::store::{SHELL_DISABLED, SHELL_LABEL};
 
 /// The containers of an agent's pod a shell may open in.
 pub const ALLOWED_CONTAINERS: [&str; 2] = ["runtime", "agentlet"];
 
-/// The §6 rule: an Agent this manager reconciles, Active and not paused, its own pod
-/// running, and one of its two containers. Returns the pod's name.
+/// The §6 rule: shells allowed by the admin (TRUST.md §5: `AUTONOMIC_SHELL_ENABLED`, and
+/// no label `autonomic.sh/shell: disabled` on the namespace, whose labels must be known),
+/// an Agent this manager reconciles, Active and not paused, its own pod running, and one
+/// of its two containers. Returns the pod's name; a refusal names the rule.
 pub fn authorize(
     store: &Store,
     config: &Config,
@@ -17,6 +20,9 @@ pub fn authorize(
     open: usize,
 ) -> Result<String, String> {
     let t = &o.target;
+    if !config.shell_enabled {
+        return Err("shells are disabled by the admin (AUTONOMIC_SHELL_ENABLED=false)".into());
+    }
     if open >= config.max_sessions {
         return Err(format!(
             "too many shell sessions: {} open, the limit is {} (AUTONOMIC_MAX_SESSIONS)",
@@ -37,6 +43,22 @@ pub fn authorize(
             "namespace {:?} is not watched by this manager",
             t.namespace
         ));
+    }
+    // The admin's veto is the namespace's label: unknown labels refuse (fail closed).
+    match store.namespaces.get("", &t.namespace) {
+        None => {
+            return Err(format!(
+                "the labels of namespace {:?} are not known (not listed yet, or the manager may not read it): shells there are refused until they are",
+                t.namespace
+            ));
+        }
+        Some(n) if n.shell_disabled() => {
+            return Err(format!(
+                "shells are disabled in namespace {:?} by the admin (label {SHELL_LABEL}={SHELL_DISABLED})",
+                t.namespace
+            ));
+        }
+        Some(_) => {}
     }
     let agent = store
         .agents
@@ -126,9 +148,17 @@ mod tests {
         Result<&'a str, &'a str>,
     );
 
+    fn namespace(name: &str, labels: serde_json::Value) -> crate::store::NamespaceView {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name, "labels": labels}}))
+            .unwrap()
+    }
+
     #[test]
     fn the_rule_of_section_6_table() {
         let store = Store::default();
+        store
+            .namespaces
+            .insert(namespace("team", serde_json::json!({})));
         let both = ["runtime", "agentlet"];
         store.agents.insert(agent("ok", AgentPhase::Active, false));
         store.pods.insert(pod("ok", "a-ok", "Running", &both));
@@ -264,5 +294,58 @@ mod tests {
         assert_eq!(got.unwrap_err(), "agent team/podless has no pod of its own");
         let got = authorize(&store, &config, &open("team", "half", "runtime", &sh), 0);
         assert_eq!(got.unwrap_err(), "pod half has no container \"runtime\"");
+    }
+
+    /// TRUST.md §5: the admin's veto comes before anything else is looked at, and a
+    /// namespace whose labels are not known refuses.
+    #[test]
+    fn the_admins_veto_by_configuration_and_by_namespace_label() {
+        let store = Store::default();
+        let both = ["runtime", "agentlet"];
+        for ns in ["team", "locked", "unlisted"] {
+            let mut a = agent("ok", AgentPhase::Active, false);
+            a.metadata.namespace = Some(ns.into());
+            store.agents.insert(a);
+            let mut p = pod("ok", "a-ok", "Running", &both);
+            p.metadata.namespace = Some(ns.into());
+            store.pods.insert(p);
+        }
+        store.namespaces.insert(namespace(
+            "team",
+            serde_json::json!({"autonomic.sh/shell": "enabled"}),
+        ));
+        store.namespaces.insert(namespace(
+            "locked",
+            serde_json::json!({"autonomic.sh/shell": "disabled"}),
+        ));
+        let config = |shell: &str| {
+            let shell = shell.to_owned();
+            Config::parse(move |k| match k {
+                "AUTONOMIC_NAMESPACES" => Some("team,locked,unlisted".into()),
+                "AUTONOMIC_SHELL_ENABLED" => Some(shell.clone()),
+                _ => None,
+            })
+            .unwrap()
+        };
+        let on = config("true");
+        let ask = |config: &Config, ns: &str| {
+            authorize(&store, config, &open(ns, "ok", "runtime", &["sh"]), 0)
+        };
+        assert_eq!(ask(&on, "team"), Ok("ok".to_owned()));
+        assert_eq!(
+            ask(&on, "locked").unwrap_err(),
+            "shells are disabled in namespace \"locked\" by the admin (label autonomic.sh/shell=disabled)"
+        );
+        assert_eq!(
+            ask(&on, "unlisted").unwrap_err(),
+            "the labels of namespace \"unlisted\" are not known (not listed yet, or the manager may not read it): shells there are refused until they are"
+        );
+        let off = config("false");
+        for ns in ["team", "locked", "unlisted"] {
+            assert_eq!(
+                ask(&off, ns).unwrap_err(),
+                "shells are disabled by the admin (AUTONOMIC_SHELL_ENABLED=false)"
+            );
+        }
     }
 }
