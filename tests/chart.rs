@@ -204,15 +204,93 @@ fn watched_namespaces_get_roles_and_no_cluster_wide_workload_access() {
         env(&docs, "AUTONOMIC_NAMESPACES").unwrap()["value"],
         "team-a,team-b"
     );
-    // Exec is granted as the API server authorizes a WebSocket exec (GET), and as newer
-    // servers also check it (create).
-    let exec = roles[0]["rules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["resources"] == serde_json::json!(["pods/exec"]))
-        .expect("a pods/exec rule");
-    assert_eq!(exec["verbs"], serde_json::json!(["get", "create"]));
+    // Unmanaged (the default): no pods/exec in any Role (TRUST.md §6).
+    assert_eq!(exec_rules(&docs), Vec::<(String, Value)>::new());
+}
+
+/// Every `pods/exec` rule of the rendered RBAC: (the Role's or ClusterRole's name, its
+/// verbs).
+fn exec_rules(docs: &[Value]) -> Vec<(String, Value)> {
+    docs.iter()
+        .filter(|d| matches!(d["kind"].as_str(), Some("Role" | "ClusterRole")))
+        .flat_map(|d| {
+            let name = d["metadata"]["name"].as_str().unwrap().to_owned();
+            d["rules"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| {
+                    r["resources"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|x| x == "pods/exec")
+                })
+                .map(move |r| (name.clone(), r["verbs"].clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// TRUST.md §6: the chart grants `pods/exec` only where shells can be used: managed, over
+/// the WebSocket, with `manager.shell.enabled`; in each watched namespace's Role, or the
+/// ClusterRole when all are watched. Every combination rendered; the rest of the rules do
+/// not change with them.
+#[test]
+fn pods_exec_is_granted_only_where_shells_can_be_used() {
+    let exec = serde_json::json!(["get", "create"]);
+    for watch in ["", "manager.watchNamespaces={team-a,team-b}"] {
+        let mut rest_of_the_rules = None;
+        for managed in [false, true] {
+            for transport in ["ws", "http"] {
+                for shell in [true, false] {
+                    let mut set = vec![
+                        format!("manager.managed={managed}"),
+                        format!("manager.transport={transport}"),
+                        format!("manager.shell.enabled={shell}"),
+                    ];
+                    if !watch.is_empty() {
+                        set.push(watch.to_owned());
+                    }
+                    let docs = documents(&render_chart("autonomic-system", &set));
+                    let got = exec_rules(&docs);
+                    let want: Vec<(String, Value)> = if managed && transport == "ws" && shell {
+                        if watch.is_empty() {
+                            vec![("autonomic-manager-autonomic-system".into(), exec.clone())]
+                        } else {
+                            vec![
+                                ("autonomic-manager".into(), exec.clone()),
+                                ("autonomic-manager".into(), exec.clone()),
+                            ]
+                        }
+                    } else {
+                        Vec::new()
+                    };
+                    assert_eq!(got, want, "{set:?}");
+                    // What is left when pods/exec is taken out: the same in every case.
+                    let rest: Vec<Value> = docs
+                        .iter()
+                        .filter(|d| matches!(d["kind"].as_str(), Some("Role" | "ClusterRole")))
+                        .map(|d| {
+                            let mut d = d.clone();
+                            d["rules"]
+                                .as_array_mut()
+                                .unwrap()
+                                .retain(|r| r["resources"] != serde_json::json!(["pods/exec"]));
+                            d["rules"].clone()
+                        })
+                        .collect();
+                    match &rest_of_the_rules {
+                        None => rest_of_the_rules = Some(rest),
+                        Some(first) => assert_eq!(&rest, first, "{set:?}"),
+                    }
+                    // The manager is told what the RBAC follows.
+                    let shell_env = env(&docs, "AUTONOMIC_SHELL_ENABLED").unwrap();
+                    assert_eq!(shell_env["value"], shell.to_string());
+                }
+            }
+        }
+    }
 }
 
 #[test]

@@ -90,10 +90,11 @@ async fn cluster_lines(
 ) -> Vec<String> {
     let (server, version) = api_server(client).await;
     let rbac = if managed {
-        // Managed: the audit outbox's 3 in the manager's namespace too.
+        // Managed: the audit outbox's 3 in the manager's namespace and pods/exec's 2
+        // (shells) too.
         format!("47 permissions allowed (namespace {ns}, namespace kube-system)")
     } else {
-        format!("43 permissions allowed (namespace {ns})")
+        format!("41 permissions allowed (namespace {ns})")
     };
     vec![
         format!(
@@ -110,7 +111,7 @@ async fn cluster_lines(
 async fn healthy_path_managed_over_tls() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "check-ok").await;
-    let kubeconfig = chart_identity(&ns.name, &[&ns.name]);
+    let kubeconfig = chart_identity_with(&ns.name, &[&ns.name], &["manager.managed=true".into()]);
     let (ca_file, cert, key) = pki::test_pki();
     let cp = FakeCp::start_tls(&cert, &key).await;
     cp.set_token(Some(TOKEN));
@@ -186,6 +187,57 @@ async fn a_verb_missing_from_rbac_is_named() {
     assert_eq!(got.code, Some(1));
 }
 
+/// TRUST.md §6 on the bed: the chart's managed identity (pods/exec, for shells) used by
+/// an unmanaged manager, and by a managed one with shells off: a warning line for each
+/// exec verb, the check still passing; the unmanaged chart's own identity has none.
+#[tokio::test]
+async fn pods_exec_held_and_not_used_is_a_warning() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "check-unused").await;
+    let managed_identity =
+        chart_identity_with(&ns.name, &[&ns.name], &["manager.managed=true".into()]);
+    let got = check(&managed_identity, &ns.name, &[]).await;
+    let warns: Vec<&String> = got.lines.iter().filter(|l| l.starts_with("warn")).collect();
+    assert_eq!(
+        warns,
+        [
+            &format!(
+                "warn rbac: may get pods/exec in namespace {}, which this configuration does not use (unmanaged: no shells) — fix: drop it from this identity (the chart grants pods/exec only in managed mode over the WebSocket with manager.shell.enabled)",
+                ns.name
+            ),
+            &format!(
+                "warn rbac: may create pods/exec in namespace {}, which this configuration does not use (unmanaged: no shells) — fix: drop it from this identity (the chart grants pods/exec only in managed mode over the WebSocket with manager.shell.enabled)",
+                ns.name
+            ),
+        ]
+    );
+    assert_eq!(got.code, Some(0), "a warning is no failure");
+
+    let cp = FakeCp::start().await;
+    cp.set_token(Some(TOKEN));
+    let mut env = managed(cp.url());
+    env.push(("AUTONOMIC_SHELL_ENABLED", "false".into()));
+    let got = check(&managed_identity, &ns.name, &env).await;
+    let warns: Vec<&String> = got.lines.iter().filter(|l| l.starts_with("warn")).collect();
+    assert_eq!(warns.len(), 2, "{:?}", got.lines);
+    assert!(
+        warns
+            .iter()
+            .all(|l| l.contains("(shells are off (AUTONOMIC_SHELL_ENABLED=false))")),
+        "{warns:?}"
+    );
+
+    // The unmanaged chart's identity: exec taken away again, no warning.
+    let unmanaged_identity = chart_identity(&ns.name, &[&ns.name]);
+    let got = check(&unmanaged_identity, &ns.name, &[]).await;
+    assert!(
+        !got.lines.iter().any(|l| l.starts_with("warn")),
+        "{:?}",
+        got.lines
+    );
+    assert_eq!(got.code, Some(0));
+}
+
 /// Missing CRDs. The test bed is shared, so its CRDs cannot be taken away while other
 /// tests run; instead `check` talks to a stand-in API server on loopback (plain HTTP)
 /// that answers `/version` and every SelfSubjectAccessReview (allowed) as a real one
@@ -198,8 +250,15 @@ async fn missing_crds_are_named() {
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = fake_kubeconfig(&dir, port);
     let got = check(&kubeconfig, "crd-less", &[]).await;
+    // The stand-in allows everything: pods/exec too, which an unmanaged manager does
+    // not use (a warning each, TRUST.md §6).
+    let unused = |verb: &str| {
+        format!(
+            "warn rbac: may {verb} pods/exec in namespace crd-less, which this configuration does not use (unmanaged: no shells) — fix: drop it from this identity (the chart grants pods/exec only in managed mode over the WebSocket with manager.shell.enabled)"
+        )
+    };
     assert_eq!(
-        got.lines[..5],
+        got.lines[..7],
         [
             "ok   configuration: unmanaged, watching namespaces crd-less".to_owned(),
             format!(
@@ -207,7 +266,9 @@ async fn missing_crds_are_named() {
                 kubeconfig.display()
             ),
             format!("ok   api server: http://127.0.0.1:{port} (v1.20.2-standin)"),
-            "ok   rbac: 43 permissions allowed (namespace crd-less)".into(),
+            "ok   rbac: 41 permissions allowed (namespace crd-less)".into(),
+            unused("get"),
+            unused("create"),
             "FAIL crds: not installed: agents.autonomic.sh, tools.autonomic.sh, runtimes.autonomic.sh, memories.autonomic.sh — fix: install this version's CRDs: autonomic-manager crds | kubectl apply --server-side -f -".into(),
         ]
     );
@@ -287,7 +348,7 @@ async fn crd_less_api_server() -> u16 {
 async fn managed_failure(prefix: &str, url: String, extra: &[(&'static str, String)]) -> Checked {
     let client = client().await;
     let ns = TestNamespace::new(&client, prefix).await;
-    let kubeconfig = chart_identity(&ns.name, &[&ns.name]);
+    let kubeconfig = chart_identity_with(&ns.name, &[&ns.name], &["manager.managed=true".into()]);
     let mut env = managed(url);
     env.extend(extra.iter().cloned());
     let got = check(&kubeconfig, &ns.name, &env).await;

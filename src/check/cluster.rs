@@ -80,7 +80,9 @@ pub(super) async fn cluster_steps(config: &Config, report: &mut Report<'_>) {
             return skip_rest(report, &["rbac", "crds"], "no API server");
         }
     }
-    report.line(rbac(config, &client).await);
+    for line in rbac(config, &client).await {
+        report.line(line);
+    }
     report.line(crds(&client).await);
 }
 

@@ -34,6 +34,8 @@ pub enum Status {
     Fail,
     /// Not run: unmanaged, or an earlier step failed.
     Skip,
+    /// Passed, with something the admin should know (a permission held and not used).
+    Warn,
 }
 
 /// One step's line: `ok   api server: https://10.0.0.1:443 (v1.33.1)`,
@@ -52,6 +54,9 @@ impl Line {
     }
     pub fn fail(step: &'static str, text: impl Into<String>, fix: impl Into<String>) -> Line {
         Line::new(Status::Fail, step, text.into(), Some(fix.into()))
+    }
+    pub fn warn(step: &'static str, text: impl Into<String>, fix: impl Into<String>) -> Line {
+        Line::new(Status::Warn, step, text.into(), Some(fix.into()))
     }
     pub fn skip(step: &'static str, why: impl Into<String>) -> Line {
         Line::new(Status::Skip, step, format!("skipped: {}", why.into()), None)
@@ -92,6 +97,7 @@ impl fmt::Display for Line {
             Status::Ok => "ok  ",
             Status::Fail => "FAIL",
             Status::Skip => "-   ",
+            Status::Warn => "warn",
         };
         write!(f, "{head} {}: {}", self.step, self.text)?;
         if let Some(fix) = &self.fix {

@@ -30,6 +30,9 @@ pub enum Scope {
     /// The manager's own namespace, in managed mode over the WebSocket: the audit
     /// outbox (a ConfigMap).
     Outbox,
+    /// Every watched namespace, in managed mode over the WebSocket with shells enabled:
+    /// `pods/exec` (the chart's `autonomic.shellRules`).
+    Shells,
 }
 
 /// One RBAC rule the manager needs.
@@ -73,7 +76,6 @@ pub const RULES: &[Rule] = &[
     rule("autonomic.sh", CRS, &["list", "watch", "patch", "delete"]),
     rule("autonomic.sh", CR_STATUS, &["patch"]),
     rule("", &["pods"], &["get", "list", "watch", "create", "delete"]),
-    rule("", &["pods/exec"], &["get", "create"]),
     rule(
         "",
         &["services"],
@@ -135,6 +137,13 @@ pub const RULES: &[Rule] = &[
         names: &[],
         scope: Scope::Outbox,
     },
+    Rule {
+        group: "",
+        resources: &["pods/exec"],
+        verbs: &["get", "create"],
+        names: &[],
+        scope: Scope::Shells,
+    },
 ];
 
 /// One question for the API server: may I `verb` `resource` (`name`) in `namespace`
@@ -186,7 +195,16 @@ fn permissions(config: &Config) -> Vec<Permission> {
             Scope::Outbox if config.managed && config.transport == crate::config::Transport::Ws => {
                 vec![Some(config.pod_namespace.clone())]
             }
-            Scope::Lease | Scope::ClusterId | Scope::OwnEvents | Scope::Outbox => continue,
+            Scope::Shells
+                if config.managed
+                    && config.transport == crate::config::Transport::Ws
+                    && config.shell_enabled =>
+            {
+                watched.clone()
+            }
+            Scope::Lease | Scope::ClusterId | Scope::OwnEvents | Scope::Outbox | Scope::Shells => {
+                continue;
+            }
             Scope::Namespaces => vec![None],
         };
         let names: Vec<Option<String>> = if rule.scope == Scope::Namespaces {
@@ -236,36 +254,110 @@ fn missing_text(missing: &[Permission]) -> String {
         .join("; ")
 }
 
-/// Step 4: a SelfSubjectAccessReview for each permission of [`permissions`].
-pub(super) async fn rbac(config: &Config, client: &kube::Client) -> Line {
-    use futures::StreamExt;
-    let wanted = permissions(config);
-    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    let answers: Vec<(Permission, Result<bool, String>)> =
-        futures::stream::iter(wanted.iter().cloned())
-            .map(|p| {
-                let api = api.clone();
-                async move {
-                    let review = SelfSubjectAccessReview {
-                        spec: SelfSubjectAccessReviewSpec {
-                            resource_attributes: Some(attributes(&p)),
-                            ..Default::default()
-                        },
-                        ..Default::default()
-                    };
-                    let params = PostParams::default();
-                    let asked = api.create(&params, &review);
-                    let answer = match tokio::time::timeout(STEP_TIMEOUT, asked).await {
-                        Ok(Ok(r)) => Ok(r.status.is_some_and(|s| s.allowed)),
-                        Ok(Err(e)) => Err(e.to_string()),
-                        Err(_) => Err(format!("no answer within {} s", STEP_TIMEOUT.as_secs())),
-                    };
-                    (p, answer)
+/// The permissions of a feature `config` leaves off that reaches into agents'
+/// containers: `pods/exec` in each watched namespace when shells cannot be used
+/// (unmanaged, the HTTP transport, or `AUTONOMIC_SHELL_ENABLED=false`). Held anyway,
+/// each is a warning (TRUST.md §6).
+fn unused(config: &Config) -> Vec<Permission> {
+    let used =
+        config.managed && config.transport == crate::config::Transport::Ws && config.shell_enabled;
+    if used {
+        return Vec::new();
+    }
+    let watched: Vec<Option<String>> = if config.namespaces.is_empty() {
+        vec![None]
+    } else {
+        config.namespaces.iter().cloned().map(Some).collect()
+    };
+    let mut out = Vec::new();
+    for rule in RULES.iter().filter(|r| r.scope == Scope::Shells) {
+        for namespace in &watched {
+            for resource in rule.resources {
+                for verb in rule.verbs {
+                    out.push(Permission {
+                        namespace: namespace.clone(),
+                        verb,
+                        group: rule.group,
+                        resource,
+                        name: None,
+                    });
                 }
-            })
-            .buffered(8)
-            .collect()
-            .await;
+            }
+        }
+    }
+    out
+}
+
+/// Why shells are off, for the warning on a `pods/exec` held anyway.
+fn shells_off(config: &Config) -> &'static str {
+    if !config.managed {
+        "unmanaged: no shells"
+    } else if config.transport != crate::config::Transport::Ws {
+        "the http transport opens no shells"
+    } else {
+        "shells are off (AUTONOMIC_SHELL_ENABLED=false)"
+    }
+}
+
+/// One SelfSubjectAccessReview for each of `permissions`: allowed or not, or why the
+/// API server could not say.
+async fn ask(
+    client: &kube::Client,
+    permissions: &[Permission],
+) -> Vec<(Permission, Result<bool, String>)> {
+    use futures::StreamExt;
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    futures::stream::iter(permissions.iter().cloned())
+        .map(|p| {
+            let api = api.clone();
+            async move {
+                let review = SelfSubjectAccessReview {
+                    spec: SelfSubjectAccessReviewSpec {
+                        resource_attributes: Some(attributes(&p)),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                let params = PostParams::default();
+                let asked = api.create(&params, &review);
+                let answer = match tokio::time::timeout(STEP_TIMEOUT, asked).await {
+                    Ok(Ok(r)) => Ok(r.status.is_some_and(|s| s.allowed)),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!("no answer within {} s", STEP_TIMEOUT.as_secs())),
+                };
+                (p, answer)
+            }
+        })
+        .buffered(8)
+        .collect()
+        .await
+}
+
+/// Step 4: a SelfSubjectAccessReview for each permission of [`permissions`]; then, for
+/// each of [`unused`] the identity holds, a warning line.
+pub(super) async fn rbac(config: &Config, client: &kube::Client) -> Vec<Line> {
+    let mut lines = vec![needed(config, client).await];
+    for (p, answer) in ask(client, &unused(config)).await {
+        if answer == Ok(true) {
+            lines.push(Line::warn(
+                "rbac",
+                format!(
+                    "may {} {}, which this configuration does not use ({})",
+                    p.action(),
+                    p.location(),
+                    shells_off(config)
+                ),
+                "drop it from this identity (the chart grants pods/exec only in managed mode over the WebSocket with manager.shell.enabled)",
+            ));
+        }
+    }
+    lines
+}
+
+/// The line for the permissions the configuration needs.
+async fn needed(config: &Config, client: &kube::Client) -> Line {
+    let wanted = permissions(config);
+    let answers = ask(client, &wanted).await;
     if let Some((p, Err(e))) = answers.iter().find(|(_, a)| a.is_err()) {
         return Line::fail(
             "rbac",
@@ -377,9 +469,10 @@ mod tests {
     #[test]
     fn permissions_follow_the_configuration() {
         let unmanaged = permissions(&config(&[("AUTONOMIC_NAMESPACES", "a,b")]));
-        // 41 workload permissions in each watched namespace, and list and watch of each
-        // of those namespaces by name.
-        assert_eq!(unmanaged.len(), 82 + 4);
+        // 39 workload permissions in each watched namespace, and list and watch of each
+        // of those namespaces by name; no pods/exec.
+        assert_eq!(unmanaged.len(), 78 + 4);
+        assert!(!unmanaged.iter().any(|p| p.resource == "pods/exec"));
         assert!(unmanaged.contains(&Permission {
             namespace: None,
             verb: "watch",
@@ -400,8 +493,15 @@ mod tests {
             ("POD_UID", "u-1"),
         ]));
         // Workload, namespaces (2), Lease (3), cluster id (1), link Events in the manager's
-        // namespace (2), the audit outbox (3).
-        assert_eq!(all.len(), 41 + 2 + 3 + 1 + 2 + 3);
+        // namespace (2), the audit outbox (3), pods/exec for shells (2).
+        assert_eq!(all.len(), 39 + 2 + 3 + 1 + 2 + 3 + 2);
+        assert!(all.contains(&Permission {
+            namespace: None,
+            verb: "create",
+            group: "",
+            resource: "pods/exec",
+            name: None,
+        }));
         assert!(all.contains(&Permission {
             namespace: Some("home".into()),
             verb: "update",
@@ -435,14 +535,29 @@ mod tests {
             ("AUTONOMIC_AUTH_TOKEN", "t"),
             ("AUTONOMIC_CLUSTER_ID", "prod"),
         ]));
-        assert_eq!(with_id.len(), 41 + 2 + 3, "outside a pod: no link Events");
+        assert_eq!(
+            with_id.len(),
+            39 + 2 + 3 + 2,
+            "outside a pod: no link Events"
+        );
+        let no_shells = permissions(&config(&[
+            ("AUTONOMIC_MANAGED", "true"),
+            ("AUTONOMIC_AUTH_TOKEN", "t"),
+            ("AUTONOMIC_CLUSTER_ID", "prod"),
+            ("AUTONOMIC_SHELL_ENABLED", "false"),
+        ]));
+        assert_eq!(no_shells.len(), 39 + 2 + 3, "shells off: no pods/exec");
         let http = permissions(&config(&[
             ("AUTONOMIC_MANAGED", "true"),
             ("AUTONOMIC_AUTH_TOKEN", "t"),
             ("AUTONOMIC_CLUSTER_ID", "prod"),
             ("AUTONOMIC_TRANSPORT", "http"),
         ]));
-        assert_eq!(http.len(), 41 + 2, "the legacy transport keeps no outbox");
+        assert_eq!(
+            http.len(),
+            39 + 2,
+            "the legacy transport keeps no outbox and opens no shells"
+        );
         let a = attributes(&Permission {
             namespace: Some("x".into()),
             verb: "create",
@@ -509,6 +624,18 @@ mod tests {
         let workload: Value = serde_saphyr::from_str(body).expect("the workload rules parse");
         let mut chart = BTreeSet::new();
         grants_of(&workload, Scope::Watched, &mut chart);
+        // The shells' rule, its template lines (the feature condition) dropped.
+        let start = helpers
+            .find(r#"{{- define "autonomic.shellRules" -}}"#)
+            .expect("the shell rules in _helpers.tpl");
+        let body = &helpers[start..];
+        let body: String = body[..body.find("{{- end -}}\n{{- end -}}").unwrap()]
+            .lines()
+            .filter(|l| !l.contains("{{"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let shells: Value = serde_saphyr::from_str(&body).expect("the shell rules parse");
+        grants_of(&shells, Scope::Shells, &mut chart);
 
         let rbac = include_str!("../../charts/autonomic/templates/rbac.yaml");
         let literal: String = rbac

@@ -299,19 +299,44 @@ impl Drop for ReportOnPanic {
 /// The identity the chart gives the manager, for a manager living in `home` and watching
 /// `watch` (empty: all namespaces): the chart's ServiceAccount and RBAC, rendered by helm
 /// with those values and applied (as admin), and a kubeconfig holding that
-/// ServiceAccount's token (TokenRequest). Made once per (home, watch) and reused.
+/// ServiceAccount's token (TokenRequest). Made once per (home, watch) and reused. The
+/// chart's default values: unmanaged (no `pods/exec`); see [`chart_identity_with`].
 pub fn chart_identity(home: &str, watch: &[&str]) -> PathBuf {
+    chart_identity_with(home, watch, &[])
+}
+
+/// [`chart_identity`] rendered with `features` (`--set`s such as `manager.managed=true`).
+/// The chart's names do not depend on them: the last identity applied in `home` is the
+/// one its ServiceAccount holds.
+pub fn chart_identity_with(home: &str, watch: &[&str], features: &[String]) -> PathBuf {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
     static MADE: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
-    let key = format!("{home}|{}", watch.join(","));
+    let key = format!("{home}|{}|{}", watch.join(","), features.join(","));
     let mut made = MADE.get_or_init(Default::default).lock().unwrap();
     if let Some(path) = made.get(&key) {
         return path.clone();
     }
-    let path = identity_with_rbac(home, watch, &|_| {}, made.len());
+    let path = identity_rendered(home, watch, features, &|_| {}, made.len());
     made.insert(key, path.clone());
     path
+}
+
+/// The chart's `--set`s for the features a manager started with `env` uses: managed
+/// mode, its transport, shells on or off (what the chart's RBAC follows).
+pub fn features_of(env: &[(&str, &str)]) -> Vec<String> {
+    let get = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.trim());
+    let mut sets = Vec::new();
+    if get("AUTONOMIC_MANAGED") == Some("true") {
+        sets.push("manager.managed=true".to_owned());
+    }
+    if let Some(t) = get("AUTONOMIC_TRANSPORT") {
+        sets.push(format!("manager.transport={t}"));
+    }
+    if get("AUTONOMIC_SHELL_ENABLED") == Some("false") {
+        sets.push("manager.shell.enabled=false".to_owned());
+    }
+    sets
 }
 
 /// Like [`chart_identity`], with `edit` applied to the chart's RBAC documents before they
@@ -322,7 +347,18 @@ pub fn identity_with_rbac(
     edit: &dyn Fn(&mut Vec<serde_json::Value>),
     n: usize,
 ) -> PathBuf {
-    let sets = vec![format!("manager.watchNamespaces={{{}}}", watch.join(","))];
+    identity_rendered(home, watch, &[], edit, n)
+}
+
+fn identity_rendered(
+    home: &str,
+    watch: &[&str],
+    features: &[String],
+    edit: &dyn Fn(&mut Vec<serde_json::Value>),
+    n: usize,
+) -> PathBuf {
+    let mut sets = vec![format!("manager.watchNamespaces={{{}}}", watch.join(","))];
+    sets.extend(features.iter().cloned());
     let mut rbac: Vec<serde_json::Value> = documents(&render_chart(home, &sets))
         .into_iter()
         .filter(|d| {
@@ -459,7 +495,7 @@ impl Manager {
             .map_or(vec![namespace], |(_, v)| {
                 v.split(',').filter(|s| !s.is_empty()).collect()
             });
-        let kubeconfig = chart_identity(namespace, &watch);
+        let kubeconfig = chart_identity_with(namespace, &watch, &features_of(env));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_autonomic-manager"));
         cmd.env_clear()
             .env("KUBECONFIG", &kubeconfig)

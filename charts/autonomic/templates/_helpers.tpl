@@ -51,6 +51,21 @@ No `update` anywhere. The caches see only objects labelled managed-by=autonomic,
 `get` remains where the manager must look at a same-named object that is not its own
 (to refuse to touch it) or one the user names.
 */}}
+{{/*
+Interactive shells into agents' containers, and ending a shell's process: granted only
+where they can be used (TRUST.md section 6), in managed mode over the WebSocket with
+manager.shell.enabled. The exec is a WebSocket upgrade, a GET, which the API server
+authorizes as `get`; newer API servers also check `create`. Both are needed.
+*/}}
+{{- define "autonomic.shellRules" -}}
+{{- $m := .Values.manager -}}
+{{- if and $m.managed $m.shell.enabled (eq $m.transport "ws") -}}
+- apiGroups: [""]
+  resources: ["pods/exec"]
+  verbs: ["get", "create"]
+{{- end -}}
+{{- end -}}
+
 {{- define "autonomic.workloadRules" -}}
 # The custom resources: watched (list/watch) into caches; patch for
 # pause/resume from the control plane; delete for its `delete` action.
@@ -67,12 +82,6 @@ No `update` anywhere. The caches see only objects labelled managed-by=autonomic,
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete"]
-# Interactive shells (managed mode) and ending a shell's process. The exec is a
-# WebSocket upgrade, a GET, which the API server authorizes as `get`; newer API
-# servers also check `create`. Both are needed.
-- apiGroups: [""]
-  resources: ["pods/exec"]
-  verbs: ["get", "create"]
 # Tool Services and Agent/Memory Secrets: server-side applied (patch; create when
 # the apply creates), watched by label; get before an apply that the cache cannot
 # vouch for, so that a same-named object that is not ours is never taken over. On
