@@ -85,6 +85,36 @@ pub struct AuditDetail {
 /// At least the spec's 10 000.
 pub const QUEUE_CAPACITY: usize = 10_000;
 
+/// What the queued events may cost in memory, together (TRUST.md §5): 10 000 events of
+/// the largest size ([`bound`]) would be about 400 MiB; past this the oldest go.
+pub const QUEUE_MAX_BYTES: usize = 8 << 20;
+
+/// An event's cost in memory: its strings' bytes and the structures around them.
+pub fn cost(event: &AuditEvent) -> usize {
+    const STRING: usize = std::mem::size_of::<String>();
+    let text = |s: &String| s.len() + STRING;
+    let opt = |s: &Option<String>| s.as_ref().map_or(0, text);
+    let t = &event.target;
+    let d = &event.detail;
+    std::mem::size_of::<Queued>()
+        + [
+            &event.id,
+            &event.time,
+            &event.actor,
+            &t.kind,
+            &t.namespace,
+            &t.name,
+        ]
+        .into_iter()
+        .map(text)
+        .sum::<usize>()
+        + [&event.session_id, &t.pod, &t.container, &d.reason]
+            .into_iter()
+            .map(opt)
+            .sum::<usize>()
+        + d.command.iter().flatten().map(text).sum::<usize>()
+}
+
 /// Arguments of a command kept in an audit event; more are replaced by one [`CUT_MARK`].
 pub const MAX_COMMAND_ARGS: usize = 32;
 
@@ -130,9 +160,40 @@ pub struct Queued {
     pub saved: bool,
 }
 
+/// The queue and what its events cost ([`cost`]).
+#[derive(Default)]
+struct Queue {
+    events: VecDeque<Queued>,
+    bytes: usize,
+}
+
+impl Queue {
+    fn push_back(&mut self, e: Queued) {
+        self.bytes += cost(&e.event);
+        self.events.push_back(e);
+    }
+
+    fn push_front(&mut self, e: Queued) {
+        self.bytes += cost(&e.event);
+        self.events.push_front(e);
+    }
+
+    fn pop_front(&mut self) {
+        if let Some(e) = self.events.pop_front() {
+            self.bytes -= cost(&e.event);
+        }
+    }
+
+    fn drain(&mut self) -> Vec<Queued> {
+        self.bytes = 0;
+        self.events.drain(..).collect()
+    }
+}
+
 pub struct AuditLog {
-    queue: Mutex<VecDeque<Queued>>,
+    queue: Mutex<Queue>,
     capacity: usize,
+    max_bytes: usize,
     dropped: AtomicU64,
     recorded: AtomicU64,
     /// A connection is up and past its snapshot: an event recorded now is sent at once.
@@ -170,8 +231,9 @@ impl Default for AuditLog {
 impl AuditLog {
     pub fn with_capacity(capacity: usize) -> Self {
         AuditLog {
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(Queue::default()),
             capacity: capacity.max(1),
+            max_bytes: QUEUE_MAX_BYTES,
             dropped: AtomicU64::new(0),
             recorded: AtomicU64::new(0),
             live: AtomicBool::new(false),
@@ -201,14 +263,15 @@ impl AuditLog {
         );
         self.recorded.fetch_add(1, Relaxed);
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() >= self.capacity {
-            q.pop_front();
-            self.dropped.fetch_add(1, Relaxed);
-        }
         q.push_back(Queued {
             event,
             saved: false,
         });
+        // The oldest go first, past the count or the bytes (the newest always stays).
+        while q.events.len() > self.capacity || (q.bytes > self.max_bytes && q.events.len() > 1) {
+            q.pop_front();
+            self.dropped.fetch_add(1, Relaxed);
+        }
         drop(q);
         self.notify.notify_one();
         if !self.is_live() {
@@ -224,7 +287,7 @@ impl AuditLog {
     /// Takes every queued event with whether it is in the outbox, oldest first.
     pub fn drain_queued(&self) -> Vec<Queued> {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        q.drain(..).collect()
+        q.drain()
     }
 
     /// Puts events back at the front (a send failed), keeping the bound.
@@ -244,13 +307,13 @@ impl AuditLog {
     pub fn requeue_queued(&self, events: Vec<Queued>) {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         for e in events.into_iter().rev() {
-            if q.len() >= self.capacity {
+            if q.events.len() >= self.capacity || q.bytes + cost(&e.event) > self.max_bytes {
                 self.dropped.fetch_add(1, Relaxed);
                 continue;
             }
             q.push_front(e);
         }
-        let unsaved = q.iter().any(|e| !e.saved);
+        let unsaved = q.events.iter().any(|e| !e.saved);
         drop(q);
         if unsaved && !self.is_live() {
             self.keep.notify_one();
@@ -260,7 +323,8 @@ impl AuditLog {
     /// The queued events not yet in the outbox, oldest first (copies: they stay queued).
     pub fn unsaved(&self) -> Vec<AuditEvent> {
         let q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        q.iter()
+        q.events
+            .iter()
             .filter(|e| !e.saved)
             .map(|e| e.event.clone())
             .collect()
@@ -269,7 +333,7 @@ impl AuditLog {
     /// The events of these ids are in the outbox now.
     pub fn mark_saved(&self, ids: &std::collections::HashSet<String>) {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        for e in q.iter_mut().filter(|e| ids.contains(&e.event.id)) {
+        for e in q.events.iter_mut().filter(|e| ids.contains(&e.event.id)) {
             e.saved = true;
         }
     }
@@ -288,7 +352,16 @@ impl AuditLog {
     }
 
     pub fn queued(&self) -> usize {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .events
+            .len()
+    }
+
+    /// What the queued events cost in memory ([`cost`]).
+    pub fn queued_bytes(&self) -> usize {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).bytes
     }
 
     pub fn dropped(&self) -> u64 {
@@ -475,6 +548,55 @@ mod tests {
         let ids: Vec<_> = log.drain().into_iter().map(|e| e.id).collect();
         assert_eq!(ids, ["e2", "e3", "e4"]);
         assert_eq!(log.queued(), 0);
+    }
+
+    /// TRUST.md §5: the largest events the platform can cause (a denied `io_open` of
+    /// many long arguments), queued while nothing can be sent: the queue stays within
+    /// 8 MiB of memory, drops the oldest and counts them; a requeue keeps the bound too.
+    #[test]
+    fn the_queue_keeps_its_bytes_bound() {
+        let log = AuditLog::default();
+        let big = |n: usize| {
+            let mut e = event(n);
+            e.actor = "a".repeat(10_000);
+            e.detail.command = Some(vec!["x".repeat(10_000); 100]);
+            e.detail.reason = Some("r".repeat(10_000));
+            e
+        };
+        for n in 0..2_000 {
+            log.record(big(n));
+        }
+        let one = {
+            let mut e = big(0);
+            bound(&mut e);
+            cost(&e)
+        };
+        assert!(
+            (30_000..45_000).contains(&one),
+            "an event of the largest size costs {one}"
+        );
+        assert!(
+            log.queued_bytes() <= QUEUE_MAX_BYTES,
+            "{}",
+            log.queued_bytes()
+        );
+        let kept = log.queued();
+        assert!(kept.abs_diff(QUEUE_MAX_BYTES / one) <= 1, "{kept} kept");
+        assert_eq!(log.dropped(), 2_000 - kept as u64);
+        let events = log.drain();
+        assert_eq!(events.last().unwrap().id, "e1999", "the newest kept");
+        assert_eq!(log.queued_bytes(), 0);
+        // Put back with more than fits: the bound holds, the rest counted.
+        let mut twice = events.clone();
+        twice.extend(events);
+        let dropped = log.dropped();
+        log.requeue(twice);
+        assert!(log.queued_bytes() <= QUEUE_MAX_BYTES);
+        assert!(log.queued() >= kept);
+        assert_eq!(
+            log.queued() as u64 + log.dropped() - dropped,
+            2 * kept as u64
+        );
     }
 
     #[test]

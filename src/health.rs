@@ -239,8 +239,13 @@ fn metrics(ctx: &Probe) -> String {
             link.audit.queued() as f64,
         ),
         (
+            "autonomic_audit_queued_bytes",
+            "What the queued audit events cost in memory (bounded at 8 MiB).",
+            link.audit.queued_bytes() as f64,
+        ),
+        (
             "autonomic_audit_dropped_total",
-            "Audit events dropped because the queue was full.",
+            "Audit events dropped because the queue was full (10 000 events or 8 MiB).",
             link.audit.dropped() as f64,
         ),
         (

@@ -28,6 +28,7 @@ pub const SERIES: &[&str] = &[
     "autonomic_bytes_sent_total",
     "autonomic_frames_rejected_total",
     "autonomic_audit_queued",
+    "autonomic_audit_queued_bytes",
     "autonomic_audit_dropped_total",
     "autonomic_audit_outbox_events",
     "autonomic_audit_outbox_writes_total",

@@ -1046,6 +1046,7 @@ async fn metrics_parse_and_move_and_readiness_follows_the_link() {
         "autonomic_shell_sessions_open",
         "autonomic_heartbeat_rtt_seconds",
         "autonomic_audit_queued",
+        "autonomic_audit_queued_bytes",
         "autonomic_audit_dropped_total",
     ] {
         value(&before, family, None);

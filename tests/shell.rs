@@ -661,21 +661,27 @@ async fn the_admins_veto_on_shells_and_control_actions() {
         ev.json().unwrap()["event"]["detail"]["reason"],
         "shells are disabled by the admin (AUTONOMIC_SHELL_ENABLED=false)"
     );
-    // Its identity, the chart's with manager.shell.enabled=false, has no pods/exec.
-    let who = format!("system:serviceaccount:{}:autonomic-manager", off.name);
-    let (_, answer) = kubectl(
-        &[
-            "auth",
-            "can-i",
-            "create",
-            "pods/exec",
-            "-n",
-            &off.name,
-            "--as",
-            &who,
-        ],
-        None,
+    // Its identity, the chart's with manager.shell.enabled=false, has no pods/exec; the
+    // first manager's (shells on) has it. (`pods/exec` as an argument to `can-i` would
+    // ask about a pod named "exec": the subresource is its own flag.)
+    let can_exec = |ns: &str| {
+        let who = format!("system:serviceaccount:{ns}:autonomic-manager");
+        let args = ["auth", "can-i", "create", "pods", "--subresource=exec"];
+        let (_, answer) = kubectl(
+            &[&args[..], &["-n", ns, "--as", who.as_str()]].concat(),
+            None,
+        );
+        answer.trim().to_owned()
+    };
+    assert_eq!(
+        can_exec(&ns.name),
+        "yes",
+        "shells on: the chart grants exec"
     );
-    assert_eq!(answer.trim(), "no", "{answer}");
+    assert_eq!(
+        can_exec(&off.name),
+        "no",
+        "shells off: the chart grants no exec"
+    );
     assert!(!m2.logs().contains("forbidden"));
 }

@@ -6,6 +6,10 @@ use crate::crd::AgentPhase;
 use crate::store::Store;
 use crate::store::{SHELL_DISABLED, SHELL_LABEL};
 
+/// The largest command a shell may run (TRUST.md §5): its arguments, and their bytes.
+pub const MAX_COMMAND_ARGS: usize = 64;
+pub const MAX_COMMAND_BYTES: usize = 16 * 1024;
+
 /// The containers of an agent's pod a shell may open in.
 pub const ALLOWED_CONTAINERS: [&str; 2] = ["runtime", "agentlet"];
 
@@ -37,6 +41,14 @@ pub fn authorize(
     }
     if o.command.is_empty() || o.command.iter().any(|a| a.contains('\0')) {
         return Err("the command is empty or holds a NUL byte".into());
+    }
+    let bytes: usize = o.command.iter().map(String::len).sum();
+    if o.command.len() > MAX_COMMAND_ARGS || bytes > MAX_COMMAND_BYTES {
+        return Err(format!(
+            "the command has {} arguments of {bytes} bytes: at most {MAX_COMMAND_ARGS} and {} KiB",
+            o.command.len(),
+            MAX_COMMAND_BYTES / 1024
+        ));
     }
     if !config.watches(&t.namespace) {
         return Err(format!(
@@ -294,6 +306,21 @@ mod tests {
         assert_eq!(got.unwrap_err(), "agent team/podless has no pod of its own");
         let got = authorize(&store, &config, &open("team", "half", "runtime", &sh), 0);
         assert_eq!(got.unwrap_err(), "pod half has no container \"runtime\"");
+        // The command's bounds: 64 arguments, 16 KiB, each at its edge and past it.
+        let ask = |command: Vec<String>| {
+            let command: Vec<&str> = command.iter().map(String::as_str).collect();
+            authorize(&store, &config, &open("team", "ok", "runtime", &command), 0)
+        };
+        assert!(ask(vec!["a".into(); 64]).is_ok());
+        assert_eq!(
+            ask(vec!["a".into(); 65]).unwrap_err(),
+            "the command has 65 arguments of 65 bytes: at most 64 and 16 KiB"
+        );
+        assert!(ask(vec!["a".repeat(8 * 1024), "b".repeat(8 * 1024)]).is_ok());
+        assert_eq!(
+            ask(vec!["a".repeat(8 * 1024), "b".repeat(8 * 1024 + 1)]).unwrap_err(),
+            "the command has 2 arguments of 16385 bytes: at most 64 and 16 KiB"
+        );
     }
 
     /// TRUST.md §5: the admin's veto comes before anything else is looked at, and a
