@@ -199,6 +199,11 @@ fn metrics(ctx: &Probe) -> String {
             n(&link.sessions_open),
         ),
         (
+            "autonomic_shell_input_bytes",
+            "Memory held by shell input waiting for its processes, all sessions (at most 16 MiB).",
+            link.shell_input.load(Relaxed) as f64,
+        ),
+        (
             "autonomic_heartbeat_rtt_seconds",
             "Round trip of the WebSocket ping sent with the last heartbeat (0 before the first).",
             n(&link.heartbeat_rtt_us) / 1e6,

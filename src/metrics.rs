@@ -20,6 +20,7 @@ pub const SERIES: &[&str] = &[
     "autonomic_managed",
     "autonomic_leader",
     "autonomic_shell_sessions_open",
+    "autonomic_shell_input_bytes",
     "autonomic_heartbeat_rtt_seconds",
     "autonomic_last_welcome_timestamp_seconds",
     "autonomic_reconnects_total",

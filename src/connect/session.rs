@@ -1382,21 +1382,22 @@ mod tests {
 
     /// A stand-in for a shell's process, on the exec's own channels: `flood` writes
     /// 64 chunks of 1 KiB every 20 ms for as long as it lives (each chunk waits for room
-    /// in the queue all sessions share, as the exec pump's do); `cat` echoes its input.
-    /// Either ends when the session is closed, with 129 as after SIGHUP.
+    /// in the queue all sessions share, as the exec pump's do); `deaf` reads nothing;
+    /// `cat` echoes its input. Each ends when the session is closed, with 129 as after SIGHUP.
     fn stand_in(exec: crate::connect::shell::Exec) -> BoxFuture<'static, ()> {
         use crate::connect::shell::{Event, Exit};
         async move {
             let crate::connect::shell::Exec {
                 channel,
                 command,
-                mut stdin,
-                stdin_pending,
+                stdin,
                 mut close,
                 events,
                 ..
             } = exec;
             let flood = command == ["flood"];
+            let deaf = command == ["deaf"];
+            let mut buf = vec![0u8; 32 * 1024];
             if events.send(Event::Opened(channel)).await.is_err() {
                 return;
             }
@@ -1411,13 +1412,10 @@ mod tests {
                 tokio::select! {
                     _ = close.changed() => break close.borrow().clone().unwrap_or_default(),
                     () = burst(), if flood => {}
-                    chunk = stdin.recv(), if !flood => match chunk {
-                        Some(c) => {
-                            stdin_pending.fetch_sub(c.len(), Relaxed);
-                            let _ = events.send(Event::Output(channel, frame::Stream::Stdout, c)).await;
-                        }
-                        None => break "stdin closed".into(),
-                    },
+                    n = stdin.take(&mut buf), if !flood && !deaf => {
+                        let echo = Event::Output(channel, frame::Stream::Stdout, buf[..n].to_vec());
+                        let _ = events.send(echo).await;
+                    }
                 }
             };
             let exit = Exit {
@@ -1462,14 +1460,14 @@ mod tests {
         ))
     }
 
-    /// §6 on the paused clock: one shell floods its output (3.2 MB a second here, in
-    /// bursts that fill the queue all sessions share) while another does an echo round
-    /// every second. Heartbeats leave at exactly 2, 4, … 10 s; each echo comes back in
-    /// the instant it was typed, with at most the shared queue's worth of flood frames
-    /// (64) ahead of it; `io_close` ends the flood at once, audited. Ten seconds of the
-    /// session in a fraction of a second of wall time.
-    #[tokio::test(start_paused = true)]
-    async fn a_flood_stalls_neither_an_echo_session_nor_heartbeats() {
+    /// A session past its snapshot (heartbeats every 2 s) whose shells run [`stand_in`],
+    /// in a store that holds Agent `team/ag` ([`context_with_an_agent`]).
+    async fn shells_session() -> (
+        Arc<Context>,
+        Peer,
+        watch::Sender<bool>,
+        tokio::task::JoinHandle<End>,
+    ) {
         let ctx = context_with_an_agent();
         let (ours, theirs) = tokio::io::duplex(1 << 20);
         let ours = crate::connect::progress::Progress::new(ours);
@@ -1497,6 +1495,103 @@ mod tests {
         let Frame::Snapshot(_) = next_frame(&mut cp).await else {
             panic!("expected a snapshot")
         };
+        (ctx, cp, stop, task)
+    }
+
+    /// TRUST.md §5 on the paused clock: sixteen sessions whose processes read nothing get
+    /// two million one-byte stdin messages. The manager holds exactly the bytes waiting
+    /// (one buffer a session, not a message each): 65 536 a session, 1 MiB in all; then
+    /// session 1 is filled to its 1 MiB bound one byte at a time, and the next byte closes
+    /// it with `overflow`, audited with the bound it broke, its memory given back. The
+    /// connection and the other fifteen go on.
+    #[tokio::test(start_paused = true)]
+    async fn a_million_one_byte_messages_cost_a_megabyte_and_the_bound_closes_with_overflow() {
+        use crate::connect::shell::input::SESSION_LIMIT;
+        let (ctx, mut cp, stop, task) = shells_session().await;
+        let held = || ctx.link.shell_input.load(Relaxed);
+        for channel in 1..=16 {
+            cp.send(io_open(channel, "deaf")).await.unwrap();
+        }
+        let mut opened = 0;
+        while opened < 16 {
+            if let Frame::IoOpened(_) = next_frame(&mut cp).await {
+                opened += 1;
+            }
+        }
+        // Every frame before an `io_resize` of a channel without a session has been
+        // handled when its `unknown_channel` error comes back.
+        async fn handled(cp: &mut Peer) {
+            let probe = r#"{"type":"io_resize","channel":999,"cols":1,"rows":1}"#;
+            cp.send(Message::text(probe)).await.unwrap();
+            loop {
+                match next_frame(cp).await {
+                    Frame::Error(e) if e.code == "unknown_channel" => return,
+                    Frame::Heartbeat(_) | Frame::Audit(_) => {}
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        }
+        let byte =
+            |channel: u32| Message::binary(frame::encode_io(channel, frame::Stream::Stdin, b"x"));
+        for _ in 0..65_536 {
+            for channel in 1..=16 {
+                cp.feed(byte(channel)).await.unwrap();
+            }
+        }
+        cp.flush().await.unwrap();
+        handled(&mut cp).await;
+        assert_eq!(held(), 16 * 65_536, "a byte a message, nothing more");
+
+        for _ in 65_536..SESSION_LIMIT {
+            cp.feed(byte(1)).await.unwrap();
+        }
+        cp.flush().await.unwrap();
+        handled(&mut cp).await;
+        assert_eq!(held(), SESSION_LIMIT + 15 * 65_536);
+        cp.send(byte(1)).await.unwrap();
+        let (close, audit) = {
+            let (mut close, mut audit) = (None, None);
+            while close.is_none() || audit.is_none() {
+                match next_frame(&mut cp).await {
+                    Frame::IoClose(c) => close = Some(c),
+                    Frame::Audit(a)
+                        if a.event.action == crate::audit::AuditAction::SessionClose =>
+                    {
+                        audit = Some(a.event)
+                    }
+                    Frame::Heartbeat(_) | Frame::Audit(_) => {}
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            (close.unwrap(), audit.unwrap())
+        };
+        assert_eq!(
+            (close.channel, close.exit_code, close.reason.as_deref()),
+            (1, Some(129), Some("overflow"))
+        );
+        assert_eq!(
+            audit.detail.reason.as_deref(),
+            Some("overflow: over 1048576 bytes of input waiting for the process to read them")
+        );
+        assert_eq!(audit.detail.bytes_in, Some(SESSION_LIMIT as u64));
+        assert_eq!(
+            held(),
+            15 * 65_536,
+            "the closed session's memory is given back"
+        );
+        assert_eq!(ctx.link.sessions_open.load(Relaxed), 15);
+        stopped(cp, stop, task).await;
+    }
+
+    /// §6 on the paused clock: one shell floods its output (3.2 MB a second here, in
+    /// bursts that fill the queue all sessions share) while another does an echo round
+    /// every second. Heartbeats leave at exactly 2, 4, … 10 s; each echo comes back in
+    /// the instant it was typed, with at most the shared queue's worth of flood frames
+    /// (64) ahead of it; `io_close` ends the flood at once, audited. Ten seconds of the
+    /// session in a fraction of a second of wall time.
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_stalls_neither_an_echo_session_nor_heartbeats() {
+        let (ctx, mut cp, stop, task) = shells_session().await;
         let welcomed = Instant::now();
         cp.send(io_open(1, "flood")).await.unwrap();
         cp.send(io_open(2, "cat")).await.unwrap();

@@ -3,7 +3,6 @@
 //! then SIGKILL) when the session closes.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -15,6 +14,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 use tracing::Instrument;
 
 use super::exit::{Exit, exit_code, failed};
+use super::input::Input;
 use super::{Event, Stream};
 
 /// Largest payload of one output frame.
@@ -47,8 +47,7 @@ pub(crate) struct Exec {
     pub(crate) container: String,
     pub(crate) command: Vec<String>,
     pub(crate) tty: bool,
-    pub(crate) stdin: mpsc::UnboundedReceiver<Vec<u8>>,
-    pub(crate) stdin_pending: Arc<AtomicUsize>,
+    pub(crate) stdin: Arc<Input>,
     pub(crate) resize: watch::Receiver<(u16, u16)>,
     pub(crate) close: watch::Receiver<Option<String>>,
     pub(crate) events: mpsc::Sender<Event>,
@@ -124,12 +123,13 @@ impl Exec {
         };
         // Stdin is fed from its own future so that a process not reading its input
         // cannot stop its output from being read (the exec's pipes would deadlock).
-        let pending = self.stdin_pending.clone();
-        let stdin_rx = &mut self.stdin;
+        let input = self.stdin.clone();
         let feed = async move {
-            while let Some(chunk) = stdin_rx.recv().await {
-                pending.fetch_sub(chunk.len(), Relaxed);
-                if stdin.write_all(&chunk).await.is_err() {
+            // A fixed buffer: what waits beyond it is in `input`, bounded there.
+            let mut chunk = vec![0u8; CHUNK];
+            loop {
+                let n = input.take(&mut chunk).await;
+                if stdin.write_all(&chunk[..n]).await.is_err() {
                     break;
                 }
             }

@@ -6,7 +6,7 @@
 //! there (and the exec's own buffers push back to the process), so it neither starves
 //! the other sessions nor grows memory, and the connection's loop keeps serving
 //! heartbeats and deltas between its frames. Input goes to each session through its
-//! own queue, bounded in bytes.
+//! own buffer of bytes ([`input`]), bounded in the memory it holds.
 //!
 //! Closing an exec's stream does not end the process on Kubernetes (the runtime keeps
 //! it, PTY and all), so every command runs under a one-line `/bin/sh` wrapper that
@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -34,10 +34,12 @@ use crate::audit::{AuditAction, AuditDetail, AuditEvent, AuditTarget, now_rfc333
 mod authorize;
 mod exec;
 mod exit;
+pub(crate) mod input;
 
 use authorize::authorize;
 pub(crate) use exec::Exec;
 pub use exit::Exit;
+use input::Input;
 
 /// Runs one session's exec to its end: [`exec_runner`] (the API server's exec
 /// subresource), or in the session's tests a stand-in process on the same channels,
@@ -51,10 +53,10 @@ pub(crate) fn exec_runner(exec: Exec) -> BoxFuture<'static, ()> {
 
 /// Output frames waiting for the connection, all sessions together (≤ 2 MiB).
 const OUTPUT_QUEUE: usize = 64;
-/// Input bytes accepted for one session and not yet taken by its process. Past it the
-/// session is closed: the control plane has no way to slow a user's paste down, and
-/// dropping bytes silently would corrupt what they typed.
-const STDIN_LIMIT: usize = 1 << 20;
+/// The reason of the `io_close` of a session whose input went past its bound
+/// ([`input`]): the control plane has no way to slow a user's paste down, and dropping
+/// bytes silently would corrupt what they typed, so the session is closed.
+pub const OVERFLOW: &str = "overflow";
 
 /// What a session task reports to the connection.
 #[derive(Debug)]
@@ -68,15 +70,14 @@ struct Session {
     open: IoOpen,
     pod: String,
     started: Instant,
-    stdin: mpsc::UnboundedSender<Vec<u8>>,
-    stdin_pending: Arc<AtomicUsize>,
+    stdin: Arc<Input>,
     resize: watch::Sender<(u16, u16)>,
     close: watch::Sender<Option<String>>,
     /// Input handed to the process (not what was dropped at an overflow).
     bytes_in: u64,
     bytes_out: u64,
-    /// Closed for too much unread input.
-    overflowed: bool,
+    /// Closed for too much unread input: which bound it broke.
+    overflow: Option<String>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -139,8 +140,7 @@ impl Shells {
             &pod,
             AuditDetail::default(),
         );
-        let (stdin, stdin_rx) = mpsc::unbounded_channel();
-        let stdin_pending = Arc::new(AtomicUsize::new(0));
+        let stdin = Arc::new(Input::new(ctx.link.shell_input.clone()));
         // Without a PTY the size is never used.
         let (resize, resize_rx) = watch::channel(o.size().unwrap_or(DEFAULT_TERMINAL));
         let (close, close_rx) = watch::channel(None);
@@ -152,8 +152,7 @@ impl Shells {
             container: o.target.container.clone(),
             command: o.command.clone(),
             tty: o.tty,
-            stdin: stdin_rx,
-            stdin_pending: stdin_pending.clone(),
+            stdin: stdin.clone(),
             resize: resize_rx,
             close: close_rx,
             events: self.events_tx.clone(),
@@ -168,12 +167,11 @@ impl Shells {
                 pod,
                 started: Instant::now(),
                 stdin,
-                stdin_pending,
                 resize,
                 close,
                 bytes_in: 0,
                 bytes_out: 0,
-                overflowed: false,
+                overflow: None,
                 task,
             },
         );
@@ -216,24 +214,19 @@ impl Shells {
         if chunk.data.is_empty() {
             return Reply::None;
         }
-        if s.overflowed {
+        if s.overflow.is_some() {
             // Closing already: its io_close follows; more input goes nowhere.
             return Reply::None;
         }
-        let pending = s.stdin_pending.fetch_add(chunk.data.len(), Relaxed) + chunk.data.len();
-        if pending > STDIN_LIMIT {
-            let reason = format!(
-                "input overflow: over {STDIN_LIMIT} bytes waiting for the process to read them"
-            );
-            tracing::warn!(channel = chunk.channel, %reason, "closing shell session");
-            s.overflowed = true;
-            let _ = s.close.send(Some(reason));
+        // A session whose process has ended keeps taking input until its `Exited` is
+        // handled: bounded the same, and dropped with it.
+        if let Err(why) = s.stdin.push(chunk.data) {
+            tracing::warn!(channel = chunk.channel, reason = %why, "closing shell session: input overflow");
+            s.overflow = Some(why);
+            let _ = s.close.send(Some(OVERFLOW.into()));
             return Reply::None;
         }
         s.bytes_in += chunk.data.len() as u64;
-        // The session task holds the receiver until it ends; a closed channel means it is
-        // ending and its `Exited` is on the way.
-        let _ = s.stdin.send(chunk.data.to_vec());
         Reply::None
     }
 
@@ -352,6 +345,11 @@ pub enum Outgoing {
 fn finish(ctx: &Context, s: Session, exit: Exit) -> Frame {
     ctx.link.sessions_open.fetch_sub(1, Relaxed);
     let duration_ms = s.started.elapsed().as_millis() as u64;
+    // The audit says which bound an overflow broke; the `io_close` says `overflow`.
+    let audited = match &s.overflow {
+        Some(why) if exit.reason == OVERFLOW => format!("{OVERFLOW}: {why}"),
+        _ => exit.reason.clone(),
+    };
     tracing::info!(channel = s.open.channel, session_id = %s.open.session_id, exit_code = ?exit.code, bytes_in = s.bytes_in, bytes_out = s.bytes_out, duration_ms, reason = %exit.reason, "shell session ended");
     record(
         ctx,
@@ -363,7 +361,7 @@ fn finish(ctx: &Context, s: Session, exit: Exit) -> Frame {
             bytes_in: Some(s.bytes_in),
             bytes_out: Some(s.bytes_out),
             duration_ms: Some(duration_ms),
-            reason: Some(exit.reason.clone()),
+            reason: Some(audited),
             ..Default::default()
         },
     );
@@ -441,7 +439,7 @@ mod tests {
         assert!(ctx.link.audit.drain().is_empty());
 
         // A live session on that channel is not closed by someone else's bad frame.
-        let (stdin, _stdin_rx) = mpsc::unbounded_channel();
+        let stdin = Arc::new(Input::new(Default::default()));
         let (resize, _) = watch::channel(DEFAULT_TERMINAL);
         let (close, _) = watch::channel(None);
         let good = r#"{"type":"io_open","channel":7,"session_id":"s-0","actor":"ada","target":{"namespace":"ns","agent":"ag"}}"#;
@@ -455,12 +453,11 @@ mod tests {
                 pod: "ag".into(),
                 started: Instant::now(),
                 stdin,
-                stdin_pending: Default::default(),
                 resize,
                 close,
                 bytes_in: 0,
                 bytes_out: 0,
-                overflowed: false,
+                overflow: None,
                 task: tokio::spawn(async {}),
             },
         );
