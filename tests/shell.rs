@@ -26,6 +26,20 @@ fn start(ns: &str, cp: &FakeCp, extra: &[(&str, &str)]) -> Manager {
     Manager::start(ns, &pairs)
 }
 
+/// A manager on the bed beside the fake control plane, Agent `agent` Active and the
+/// snapshot in: where most of these tests begin.
+async fn live(prefix: &str, agent: &str) -> (Client, TestNamespace, FakeCp, Manager) {
+    require_node();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, prefix).await;
+    let cp = FakeCp::start().await;
+    let m = start(&ns.name, &cp, &[]);
+    active(&ns, &cp, agent).await;
+    cp.wait_frame("snapshot", |r| r.frame_type() == Some("snapshot"))
+        .await;
+    (client, ns, cp, m)
+}
+
 async fn agent(ns: &TestNamespace, name: &str, extra_spec: &str) -> Agent {
     let a: Agent = yaml(&format!(
         "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {{name: {name}}}\nspec: {{runtime: {{image: '{BUSYBOX_IMAGE}', command: {IDLE}}}{extra_spec}}}"
@@ -260,14 +274,7 @@ async fn a_flood_stalls_neither_other_sessions_nor_heartbeats_and_close_ends_it(
 
 #[tokio::test]
 async fn a_dropped_connection_ends_and_audits_every_exec() {
-    require_node();
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "sh-drop").await;
-    let cp = FakeCp::start().await;
-    let mut m = start(&ns.name, &cp, &[]);
-    active(&ns, &cp, "held").await;
-    cp.wait_frame("snapshot", |r| r.frame_type() == Some("snapshot"))
-        .await;
+    let (client, ns, cp, mut m) = live("sh-drop", "held").await;
     open(
         &cp,
         1,
@@ -443,14 +450,7 @@ async fn every_refusal_is_denied_audited_and_the_connection_stays() {
 
 #[tokio::test]
 async fn input_the_process_does_not_read_closes_the_session_past_its_bound() {
-    require_node();
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "sh-stdin").await;
-    let cp = FakeCp::start().await;
-    let _m = start(&ns.name, &cp, &[]);
-    active(&ns, &cp, "deaf").await;
-    cp.wait_frame("snapshot", |r| r.frame_type() == Some("snapshot"))
-        .await;
+    let (client, ns, cp, _m) = live("sh-stdin", "deaf").await;
     // `sleep` never reads its stdin: the bytes pile up until the manager's 1 MiB bound
     // (past the exec's and the sockets' own buffers), which closes the session.
     open(
@@ -502,6 +502,37 @@ fn vm_kib(pid: u32, field: &str) -> u64 {
         .unwrap()
 }
 
+/// Opens a shell into Agent `open` of `ns` every half second, on channels from `ch` on,
+/// until the answer is `want` (`io_opened`, or `io_close` `denied`), within 10 s of the
+/// change named `what`; a session opened on the way is closed. The channel answered.
+async fn open_until(cp: &FakeCp, ns: &str, mut ch: u32, want: &str, what: &str) -> u32 {
+    let since = Instant::now();
+    loop {
+        open(cp, ch, target(ns, "open"), None, true).await;
+        let answer = cp
+            .wait_frame("an answer to io_open", |r| {
+                (r.frame_type() == Some("io_opened") || r.frame_type() == Some("io_close"))
+                    && r.json().and_then(|v| v["channel"].as_u64()) == Some(u64::from(ch))
+            })
+            .await;
+        if answer.frame_type() == Some(want) {
+            if want == "io_close" {
+                assert_eq!(answer.json().unwrap()["reason"], "denied");
+            }
+            return ch;
+        }
+        if answer.frame_type() == Some("io_opened") {
+            cp.send(json!({"type": "io_close", "channel": ch})).await;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "{what} took no effect in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        ch += 1;
+    }
+}
+
 /// TRUST.md §5, the admin's veto, on the bed: the namespace label
 /// `autonomic.sh/shell: disabled` refuses shells there within 10 s (io_close `denied`,
 /// audited `session.denied` naming the label) and its removal lets them open again;
@@ -536,27 +567,7 @@ async fn the_admins_veto_on_shells_and_control_actions() {
     );
     assert!(ok, "{out}");
     let labelled = Instant::now();
-    let mut ch = 2;
-    let refused = loop {
-        open(&cp, ch, target(&ns.name, "open"), None, true).await;
-        let answer = cp
-            .wait_frame("an answer to io_open", |r| {
-                (r.frame_type() == Some("io_opened") || r.frame_type() == Some("io_close"))
-                    && r.json().and_then(|v| v["channel"].as_u64()) == Some(u64::from(ch))
-            })
-            .await;
-        if answer.frame_type() == Some("io_close") {
-            assert_eq!(answer.json().unwrap()["reason"], "denied");
-            break ch;
-        }
-        cp.send(json!({"type": "io_close", "channel": ch})).await;
-        assert!(
-            labelled.elapsed() < Duration::from_secs(10),
-            "the label took no effect in 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        ch += 1;
-    };
+    let refused = open_until(&cp, &ns.name, 2, "io_close", "the label").await;
     eprintln!(
         "the label refused shells {:?} after it was set",
         labelled.elapsed()
@@ -584,26 +595,7 @@ async fn the_admins_veto_on_shells_and_control_actions() {
         None,
     );
     assert!(ok, "{out}");
-    let unlabelled = Instant::now();
-    let mut ch = 100;
-    loop {
-        open(&cp, ch, target(&ns.name, "open"), None, true).await;
-        let answer = cp
-            .wait_frame("an answer to io_open", |r| {
-                (r.frame_type() == Some("io_opened") || r.frame_type() == Some("io_close"))
-                    && r.json().and_then(|v| v["channel"].as_u64()) == Some(u64::from(ch))
-            })
-            .await;
-        if answer.frame_type() == Some("io_opened") {
-            break;
-        }
-        assert!(
-            unlabelled.elapsed() < Duration::from_secs(10),
-            "the label's removal took no effect in 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        ch += 1;
-    }
+    open_until(&cp, &ns.name, 100, "io_opened", "the label's removal").await;
 
     // Control actions: delete is left out, pause runs.
     let control = |id: &str, action: &str| {
@@ -700,14 +692,7 @@ async fn the_admins_veto_on_shells_and_control_actions() {
 #[tokio::test]
 async fn two_million_one_byte_messages_to_sixteen_stalled_sessions_cost_their_bytes() {
     use tokio_tungstenite::tungstenite::Message;
-    require_node();
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "sh-bytes").await;
-    let cp = FakeCp::start().await;
-    let m = start(&ns.name, &cp, &[]);
-    active(&ns, &cp, "deaf").await;
-    cp.wait_frame("snapshot", |r| r.frame_type() == Some("snapshot"))
-        .await;
+    let (_client, ns, cp, m) = live("sh-bytes", "deaf").await;
     for ch in 1..=16 {
         let sleep = Some(&["sleep", "3607"][..]);
         open(&cp, ch, target(&ns.name, "deaf"), sleep, false).await;

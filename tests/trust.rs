@@ -70,6 +70,26 @@ async fn client_of(kubeconfig: &Path) -> Client {
     Client::try_from(config).unwrap()
 }
 
+/// Pod `name`, once the manager has made it (30 s).
+async fn pod_made(pods: &Api<Pod>, name: &str) -> Pod {
+    within(
+        Duration::from_secs(30),
+        &format!("the pod of {name}"),
+        || async { pods.get_opt(name).await.unwrap() },
+    )
+    .await
+}
+
+/// The `runtime` container of `pod`.
+fn runtime_of(pod: &Pod) -> k8s_openapi::api::core::v1::Container {
+    let containers = &pod.spec.as_ref().unwrap().containers;
+    containers
+        .iter()
+        .find(|c| c.name == "runtime")
+        .unwrap()
+        .clone()
+}
+
 /// Polls `check` every 100 ms until it gives a value; panics with `what` after `within`.
 async fn within<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
 where
@@ -399,17 +419,8 @@ async fn a_tenants_template_gets_the_restricted_level_merged_and_never_privilege
         message.contains("container \"runtime\"") && message.contains("privileged"),
         "{message}"
     );
-    let pod = within(Duration::from_secs(30), "the pod of partial", || async {
-        pods.get_opt("partial").await.unwrap()
-    })
-    .await;
-    let runtime = pod
-        .spec
-        .unwrap()
-        .containers
-        .into_iter()
-        .find(|c| c.name == "runtime")
-        .unwrap();
+    let pod = pod_made(&pods, "partial").await;
+    let runtime = runtime_of(&pod);
     let sc = serde_json::to_value(runtime.security_context).unwrap();
     assert_eq!(sc["runAsUser"], 1000, "{sc}");
     assert_eq!(sc["runAsNonRoot"], true, "{sc}");
@@ -526,17 +537,7 @@ async fn credentials_typed_into_specs_never_reach_the_control_plane() {
     .await;
     // A Memory's Secret and the Agent's pod are made, with the real values.
     let pods: Api<Pod> = ns.api();
-    let pod = within(Duration::from_secs(20), "a-two's pod", || async {
-        pods.get_opt("a-two").await.unwrap()
-    })
-    .await;
-    let runtime = pod
-        .spec
-        .unwrap()
-        .containers
-        .into_iter()
-        .find(|c| c.name == "runtime")
-        .unwrap();
+    let runtime = runtime_of(&pod_made(&pods, "a-two").await);
     let api_key = runtime
         .env
         .unwrap()
