@@ -259,7 +259,7 @@ async fn a_black_hole_after_n_bytes_mid_frame_is_found_dead_and_the_next_snapsho
         .await;
     assert_eq!(sorted(names_in(&snap)), cluster_names(&ns).await);
     // As in (a): a heartbeat answered at once is the last whole frame the manager gets;
-    // the hole opens half a second later, so dead is due 5.5 s into it.
+    // the hole opens half a second later, so dead is due 5.5 s into it (at most 6 s: below).
     let now = Instant::now();
     let beat = cp
         .wait_frame("a heartbeat", |r| {
@@ -292,8 +292,12 @@ async fn a_black_hole_after_n_bytes_mid_frame_is_found_dead_and_the_next_snapsho
         "black hole after {n} bytes found dead after {took:?} (heartbeat {heartbeat:?}), {} bytes swallowed: {line}",
         proxy.swallowed()
     );
+    // The last whole frame reached the manager at the latest when the hole opened (on a
+    // loaded machine the heartbeat's answer can be that late: a rehearsal saw 6.001 s),
+    // so dead is due at most 3 intervals after the hole; 100 ms for the timer's wake-up
+    // and the clocks. A check made at heartbeat ticks only would be up to 2 s later.
     assert!(
-        took <= heartbeat * 3,
+        took <= heartbeat * 3 + Duration::from_millis(100),
         "the black-holed link was declared dead only after {took:?}, bound 3 × {heartbeat:?}"
     );
     assert!(proxy.swallowed() > 0);
