@@ -67,7 +67,7 @@ pub struct Link {
     pub sessions_open: AtomicU64,
     /// What the shells' input waiting for their processes holds in memory, all sessions
     /// together (bounded at 16 MiB, `shell::input`).
-    pub shell_input: Arc<std::sync::atomic::AtomicUsize>,
+    pub shell_input: shell::input::Held,
     /// The last WebSocket ping's round trip in microseconds; 0 before the first.
     pub heartbeat_rtt_us: AtomicU64,
     /// Disconnects and dial failures by reason, delta latency, snapshot size and time.

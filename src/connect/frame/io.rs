@@ -152,7 +152,7 @@ pub const IO_HEADER_LEN: usize = 5;
 
 /// Largest payload of a binary message [`decode_io`] accepts. §6 sets no figure; the
 /// control plane writes only stdin, and a session holds at most 1 MiB of unread input
-/// (`shell::STDIN_LIMIT`), so a larger chunk could only close its session.
+/// (`shell::input::SESSION_LIMIT`), so a larger chunk could only close its session.
 pub const MAX_IO_PAYLOAD: usize = MAX_FRAME_BYTES;
 
 /// Largest WebSocket message the manager reads: the larger of a text frame

@@ -1,7 +1,7 @@
 //! A session's input waiting for its process (TRUST.md §5): one buffer of bytes however
 //! the control plane cut it into messages, bounded in the memory it holds (its
-//! capacity, not its payload): 1 MiB for a session, 16 MiB for all the sessions of a
-//! connection together. A million one-byte messages cost a megabyte, not a million
+//! capacity, not its payload): 1 MiB for a session, 16 MiB for all the manager's
+//! sessions together. A million one-byte messages cost a megabyte, not a million
 //! allocations.
 
 use std::collections::VecDeque;
@@ -12,12 +12,13 @@ use tokio::sync::Notify;
 
 /// What one session's waiting input may hold in memory.
 pub const SESSION_LIMIT: usize = 1 << 20;
-/// What the waiting input of all the sessions of a connection may hold, together.
+/// What the waiting input of all the manager's sessions may hold, together.
 pub const ALL_LIMIT: usize = 16 << 20;
 /// The smallest buffer allocated: a keystroke's worth, and then some.
 const MIN_CAPACITY: usize = 64;
 
-/// The memory the waiting input of every session holds, together: one per connection.
+/// The memory the waiting input of every session holds, together: one per manager
+/// (`Link::shell_input`), so sessions of an ending connection count until they end.
 pub type Held = Arc<AtomicUsize>;
 
 /// One session's input: appended by the connection, taken by the session's exec.
