@@ -130,6 +130,21 @@ fn duplicate_key_detector() {
     }
 }
 
+/// The check every manager's log gets when a test ends: the authorizer's refusal, in text
+/// and JSON logs, and not an admission plugin's 403 (seen in CI while the API server
+/// restarted: its LimitRanger could not reach itself).
+#[test]
+fn rbac_refusal_detector() {
+    use support::rbac_refusal;
+    let text = r#"WARN list failed: pods is forbidden: User "system:serviceaccount:autonomic-system:autonomic-manager" cannot list resource "pods" in API group "" at the cluster scope"#;
+    let json = r#"{"error":"secrets \"a\" is forbidden: User \"system:serviceaccount:s:m\" cannot get resource \"secrets\""}"#;
+    assert_eq!(rbac_refusal(&format!("ok\n{text}\n")), Some(text));
+    assert_eq!(rbac_refusal(json), Some(json));
+    let admission = r#"INFO phase changed phase=Error reason=PodRejected status_message=Pod "a" refused: pods "a" is forbidden: Get "https://127.0.0.1:45431/api/v1/namespaces/n/limitranges": dial tcp 127.0.0.1:45431: connect: connection refused"#;
+    let quota = r#"pods "a" is forbidden: exceeded quota: q, requested: pods=1, used: pods=1, limited: pods=1"#;
+    assert_eq!(rbac_refusal(&format!("{admission}\n{quota}")), None);
+}
+
 /// Just enough of a Kubernetes API server for one Agent to be reconciled: lists (the
 /// Agent `triage` in namespace `json-logs`, nothing else), watches that stay open and
 /// silent, writes answered with the object (a status write with the Agent), gets of

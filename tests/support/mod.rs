@@ -630,7 +630,7 @@ impl Drop for Manager {
         // the test (unless it is failing already).
         if !std::thread::panicking() {
             let logs = self.logs();
-            if let Some(line) = logs.lines().find(|l| l.contains("forbidden")) {
+            if let Some(line) = rbac_refusal(&logs) {
                 panic!(
                     "the manager was refused a request with the chart's RBAC ({}):\n{line}",
                     self.log.display()
@@ -640,6 +640,15 @@ impl Drop for Manager {
             assert_no_duplicate_keys(&logs);
         }
     }
+}
+
+/// The first line of `logs` that shows an RBAC refusal. The authorizer's words are
+/// `<kind> "<name>" is forbidden: User "<who>" cannot <verb> …`; an admission plugin's
+/// 403 (a quota, Pod Security, the API server's LimitRanger unable to reach itself while
+/// it restarts) is also "forbidden" but says nothing about the chart's RBAC.
+pub fn rbac_refusal(logs: &str) -> Option<&str> {
+    logs.lines()
+        .find(|l| l.contains("forbidden: User ") && l.contains(" cannot "))
 }
 
 /// The environment of a managed manager dialling the fake control plane at `url`, with
