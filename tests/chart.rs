@@ -28,33 +28,54 @@ fn sets(values: &[&str]) -> Vec<String> {
     values.iter().map(|s| s.to_string()).collect()
 }
 
+/// deploy.yaml (unmanaged) and deploy-managed.yaml are the chart rendered with its
+/// default values, the second with manager.managed=true; each a whole install, and they
+/// differ only by managed mode and the grants it brings (TRUST.md §6).
 #[test]
 fn deploy_yaml_is_the_chart_rendered_with_default_values() {
-    let rendered = run_ok(
-        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/gen-deploy")).arg("--stdout"),
-    );
-    let shipped =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy.yaml")).unwrap();
+    let gen_deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/gen-deploy");
+    let shipped = |file: &str| {
+        std::fs::read_to_string(format!("{}/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    };
+    let unmanaged = shipped("deploy.yaml");
+    let managed = shipped("deploy-managed.yaml");
     assert!(
-        rendered == shipped,
-        "deploy.yaml drifted from charts/autonomic: run scripts/gen-deploy and commit the result"
+        run_ok(Command::new(gen_deploy).arg("--stdout")) == unmanaged
+            && run_ok(Command::new(gen_deploy).args(["--stdout", "managed"])) == managed,
+        "deploy.yaml or deploy-managed.yaml drifted from charts/autonomic: run scripts/gen-deploy and commit the result"
     );
-    // And it is a whole install: CRDs, identity, RBAC, the Deployment.
-    let docs = documents(&shipped);
-    for kind in [
-        "Namespace",
-        "CustomResourceDefinition",
-        "ServiceAccount",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "Role",
-        "RoleBinding",
-        "PodDisruptionBudget",
-        "Deployment",
-    ] {
-        assert!(!kinds(&docs, kind).is_empty(), "no {kind} in deploy.yaml");
+    let grants = |text: &str| feature_grants(&documents(text));
+    assert_eq!(grants(&unmanaged), []);
+    assert_eq!(
+        grants(&managed).iter().map(|(f, _)| *f).collect::<Vec<_>>(),
+        ["cluster-id", "delete", "exec", "outbox", "patch"]
+    );
+    assert_eq!(
+        env(&documents(&unmanaged), "AUTONOMIC_MANAGED").unwrap()["value"],
+        "false"
+    );
+    assert_eq!(
+        env(&documents(&managed), "AUTONOMIC_MANAGED").unwrap()["value"],
+        "true"
+    );
+    // And each is a whole install: CRDs, identity, RBAC, the Deployment.
+    for shipped in [unmanaged, managed] {
+        let docs = documents(&shipped);
+        for kind in [
+            "Namespace",
+            "CustomResourceDefinition",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "PodDisruptionBudget",
+            "Deployment",
+        ] {
+            assert!(!kinds(&docs, kind).is_empty(), "no {kind} in deploy.yaml");
+        }
+        assert_eq!(kinds(&docs, "CustomResourceDefinition").len(), 4);
     }
-    assert_eq!(kinds(&docs, "CustomResourceDefinition").len(), 4);
 }
 
 #[test]
@@ -139,7 +160,10 @@ fn the_platforms_values_configure_managed_mode_with_the_token_as_a_file() {
 fn watched_namespaces_get_roles_and_no_cluster_wide_workload_access() {
     let docs = documents(&render_chart(
         "autonomic-system",
-        &sets(&["manager.watchNamespaces={team-a,team-b}"]),
+        &sets(&[
+            "manager.watchNamespaces={team-a,team-b}",
+            "manager.managed=true",
+        ]),
     ));
     let roles = kinds(&docs, "Role");
     let namespaces: Vec<&str> = roles
@@ -182,7 +206,10 @@ fn watched_namespaces_get_roles_and_no_cluster_wide_workload_access() {
     // Watched, it is covered by that namespace's Role.
     let docs_watched = documents(&render_chart(
         "autonomic-system",
-        &sets(&["manager.watchNamespaces={team-a,autonomic-system}"]),
+        &sets(&[
+            "manager.watchNamespaces={team-a,autonomic-system}",
+            "manager.managed=true",
+        ]),
     ));
     assert!(
         kinds(&docs_watched, "Role")
@@ -204,91 +231,178 @@ fn watched_namespaces_get_roles_and_no_cluster_wide_workload_access() {
         env(&docs, "AUTONOMIC_NAMESPACES").unwrap()["value"],
         "team-a,team-b"
     );
-    // Unmanaged (the default): no pods/exec in any Role (TRUST.md §6).
-    assert_eq!(exec_rules(&docs), Vec::<(String, Value)>::new());
 }
 
-/// Every `pods/exec` rule of the rendered RBAC: (the Role's or ClusterRole's name, its
-/// verbs).
-fn exec_rules(docs: &[Value]) -> Vec<(String, Value)> {
-    docs.iter()
+/// The grants of the rendered RBAC that a feature brings, by name, each with the Role or
+/// ClusterRole that holds it: `exec` (pods/exec), `patch` and `delete` (of the custom
+/// resources), `cluster-id` (get namespace kube-system), `link-events` (the Role for
+/// Events in the release namespace), `outbox` (its ConfigMap).
+fn feature_grants(docs: &[Value]) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    for d in docs
+        .iter()
         .filter(|d| matches!(d["kind"].as_str(), Some("Role" | "ClusterRole")))
-        .flat_map(|d| {
-            let name = d["metadata"]["name"].as_str().unwrap().to_owned();
-            d["rules"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|r| {
-                    r["resources"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .any(|x| x == "pods/exec")
-                })
-                .map(move |r| (name.clone(), r["verbs"].clone()))
-                .collect::<Vec<_>>()
-        })
-        .collect()
+    {
+        let name = d["metadata"]["name"].as_str().unwrap().to_owned();
+        for r in d["rules"].as_array().unwrap() {
+            let has = |field: &str, x: &str| {
+                r[field]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|v| v == x))
+            };
+            let feature = if has("resources", "pods/exec") {
+                "exec"
+            } else if has("apiGroups", "autonomic.sh")
+                && has("resources", "agents")
+                && has("verbs", "patch")
+            {
+                "patch"
+            } else if has("apiGroups", "autonomic.sh")
+                && has("resources", "agents")
+                && has("verbs", "delete")
+            {
+                "delete"
+            } else if has("resourceNames", "kube-system") {
+                "cluster-id"
+            } else if has("resources", "configmaps") {
+                "outbox"
+            } else if name.ends_with("-events") {
+                "link-events"
+            } else {
+                continue;
+            };
+            if !out.contains(&(feature, name.clone())) {
+                out.push((feature, name.clone()));
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
-/// TRUST.md §6: the chart grants `pods/exec` only where shells can be used: managed, over
-/// the WebSocket, with `manager.shell.enabled`; in each watched namespace's Role, or the
-/// ClusterRole when all are watched. Every combination rendered; the rest of the rules do
-/// not change with them.
+/// TRUST.md §6: the chart grants what the configured features use and nothing more.
+/// From everything on (managed, the WebSocket, shells, every control action, no pinned
+/// cluster id), each feature is turned off in turn, and unmanaged with all of them on:
+/// each grant comes and goes with its feature, in each watched namespace's Role or the
+/// ClusterRole, and the rest of the rules never change.
 #[test]
-fn pods_exec_is_granted_only_where_shells_can_be_used() {
-    let exec = serde_json::json!(["get", "create"]);
+fn each_grant_comes_only_with_its_feature() {
+    let all = [
+        "exec",
+        "patch",
+        "delete",
+        "cluster-id",
+        "outbox",
+        "link-events",
+    ];
+    let cases: [(&str, &[&str]); 9] = [
+        ("", &all),
+        (
+            "manager.transport=http",
+            &["patch", "delete", "cluster-id", "link-events"],
+        ),
+        (
+            "manager.shell.enabled=false",
+            &["patch", "delete", "cluster-id", "outbox", "link-events"],
+        ),
+        (
+            "manager.control.actions={restart}",
+            &["exec", "cluster-id", "outbox", "link-events"],
+        ),
+        (
+            "manager.control.actions={resume}",
+            &["exec", "patch", "cluster-id", "outbox", "link-events"],
+        ),
+        (
+            "manager.control.actions={delete}",
+            &["exec", "delete", "cluster-id", "outbox", "link-events"],
+        ),
+        (
+            // None allowed (`--set` cannot write an empty list; null reads the same).
+            "manager.control.actions=null",
+            &["exec", "cluster-id", "outbox", "link-events"],
+        ),
+        (
+            "manager.clusterID=prod",
+            &["exec", "patch", "delete", "outbox", "link-events"],
+        ),
+        ("manager.managed=false", &[]),
+    ];
     for watch in ["", "manager.watchNamespaces={team-a,team-b}"] {
         let mut rest_of_the_rules = None;
-        for managed in [false, true] {
-            for transport in ["ws", "http"] {
-                for shell in [true, false] {
-                    let mut set = vec![
-                        format!("manager.managed={managed}"),
-                        format!("manager.transport={transport}"),
-                        format!("manager.shell.enabled={shell}"),
-                    ];
-                    if !watch.is_empty() {
-                        set.push(watch.to_owned());
-                    }
-                    let docs = documents(&render_chart("autonomic-system", &set));
-                    let got = exec_rules(&docs);
-                    let want: Vec<(String, Value)> = if managed && transport == "ws" && shell {
-                        if watch.is_empty() {
-                            vec![("autonomic-manager-autonomic-system".into(), exec.clone())]
-                        } else {
-                            vec![
-                                ("autonomic-manager".into(), exec.clone()),
-                                ("autonomic-manager".into(), exec.clone()),
-                            ]
-                        }
-                    } else {
-                        Vec::new()
-                    };
-                    assert_eq!(got, want, "{set:?}");
-                    // What is left when pods/exec is taken out: the same in every case.
-                    let rest: Vec<Value> = docs
-                        .iter()
-                        .filter(|d| matches!(d["kind"].as_str(), Some("Role" | "ClusterRole")))
-                        .map(|d| {
-                            let mut d = d.clone();
-                            d["rules"]
-                                .as_array_mut()
-                                .unwrap()
-                                .retain(|r| r["resources"] != serde_json::json!(["pods/exec"]));
-                            d["rules"].clone()
-                        })
-                        .collect();
-                    match &rest_of_the_rules {
-                        None => rest_of_the_rules = Some(rest),
-                        Some(first) => assert_eq!(&rest, first, "{set:?}"),
-                    }
-                    // The manager is told what the RBAC follows.
-                    let shell_env = env(&docs, "AUTONOMIC_SHELL_ENABLED").unwrap();
-                    assert_eq!(shell_env["value"], shell.to_string());
-                }
+        for (off, want) in cases {
+            let mut set = vec!["manager.managed=true".to_owned()];
+            set.extend(off.split(',').filter(|s| !s.is_empty()).map(str::to_owned));
+            if !watch.is_empty() {
+                set.push(watch.to_owned());
             }
+            let docs = documents(&render_chart("autonomic-system", &set));
+            let got = feature_grants(&docs);
+            let mut expected: Vec<(&str, String)> = Vec::new();
+            for feature in want {
+                let holders: Vec<&str> = match (*feature, watch.is_empty()) {
+                    ("exec" | "patch" | "delete", true) => {
+                        vec!["autonomic-manager-autonomic-system"]
+                    }
+                    ("exec" | "patch" | "delete", false) => vec!["autonomic-manager"],
+                    ("cluster-id", _) => vec!["autonomic-manager-autonomic-system-cluster-id"],
+                    ("outbox", _) => vec!["autonomic-manager-audit-outbox"],
+                    // All namespaces watched: the ClusterRole's Events rule covers it.
+                    ("link-events", true) => vec![],
+                    ("link-events", false) => vec!["autonomic-manager-events"],
+                    _ => unreachable!(),
+                };
+                expected.extend(holders.into_iter().map(|h| (*feature, h.to_owned())));
+            }
+            expected.sort();
+            assert_eq!(got, expected, "{set:?}");
+            if !watch.is_empty() {
+                // One Role in each watched namespace carries the feature's rules.
+                let in_roles = docs
+                    .iter()
+                    .filter(|d| d["kind"] == "Role" && d["metadata"]["name"] == "autonomic-manager")
+                    .filter(|d| {
+                        d["rules"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .any(|r| r["resources"] == serde_json::json!(["pods/exec"]))
+                    })
+                    .count();
+                assert_eq!(
+                    in_roles,
+                    if want.contains(&"exec") { 2 } else { 0 },
+                    "{set:?}"
+                );
+            }
+            // What is left when the features' grants are taken out: the same every time.
+            let rest: Vec<Value> = docs
+                .iter()
+                .filter(|d| matches!(d["kind"].as_str(), Some("Role" | "ClusterRole")))
+                .filter(|d| {
+                    !feature_grants(&[(*d).clone()])
+                        .iter()
+                        .any(|(f, _)| matches!(*f, "cluster-id" | "outbox" | "link-events"))
+                })
+                .map(|d| {
+                    let mut d = d.clone();
+                    d["rules"].as_array_mut().unwrap().retain(|r| {
+                        r["resources"] != serde_json::json!(["pods/exec"])
+                            && r["resources"] != serde_json::json!(["agents", "tools"])
+                    });
+                    d["rules"].clone()
+                })
+                .collect();
+            match &rest_of_the_rules {
+                None => rest_of_the_rules = Some(rest),
+                Some(first) => assert_eq!(&rest, first, "{set:?}"),
+            }
+            // The manager is told what the RBAC follows.
+            let shell = !off.contains("shell.enabled=false");
+            assert_eq!(
+                env(&docs, "AUTONOMIC_SHELL_ENABLED").unwrap()["value"],
+                shell.to_string()
+            );
         }
     }
 }

@@ -45,6 +45,8 @@ async fn check(kubeconfig: &Path, namespace: &str, env: &[(&str, String)]) -> Ch
         .env("AUTONOMIC_NAMESPACES", namespace)
         // The manager's namespace, as the chart's pod has it: the audit outbox's there.
         .env("POD_NAMESPACE", namespace)
+        // As the chart's pod has it: the Lease is used.
+        .env("AUTONOMIC_LEADER_ELECTION", "true")
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
     let run = tokio::task::spawn_blocking(move || cmd.output().expect("run check"));
     let out = tokio::time::timeout(Duration::from_secs(120), run)
@@ -89,12 +91,17 @@ async fn cluster_lines(
     managed: bool,
 ) -> Vec<String> {
     let (server, version) = api_server(client).await;
+    // The workload's 31 and the namespace's labels' 2 in `ns`, the Lease's 3; managed,
+    // the cluster id's 1, the audit outbox's 3 in the manager's namespace, pods/exec's 2
+    // (shells), patch and delete of Agents and Tools (control actions) too.
     let rbac = if managed {
-        // Managed: the audit outbox's 3 in the manager's namespace and pods/exec's 2
-        // (shells) too.
-        format!("47 permissions allowed (namespace {ns}, namespace kube-system)")
+        format!(
+            "46 permissions allowed (namespace {ns}, namespace kube-system, the Lease autonomic-manager in namespace {ns})"
+        )
     } else {
-        format!("41 permissions allowed (namespace {ns})")
+        format!(
+            "36 permissions allowed (namespace {ns}, the Lease autonomic-manager in namespace {ns})"
+        )
     };
     vec![
         format!(
@@ -174,7 +181,7 @@ async fn a_verb_missing_from_rbac_is_named() {
     assert_eq!(
         got.line("rbac"),
         format!(
-            "FAIL rbac: cannot watch pods in namespace {} — fix: grant this identity the chart's RBAC (helm upgrade, or kubectl apply --server-side -f deploy.yaml; the rules: charts/autonomic/templates/_helpers.tpl)",
+            "FAIL rbac: cannot watch pods in namespace {} — fix: grant this identity the chart's RBAC for this configuration (helm upgrade with its values, or kubectl apply --server-side -f deploy.yaml)",
             ns.name
         )
     );
@@ -187,29 +194,27 @@ async fn a_verb_missing_from_rbac_is_named() {
     assert_eq!(got.code, Some(1));
 }
 
-/// TRUST.md §6 on the bed: the chart's managed identity (pods/exec, for shells) used by
-/// an unmanaged manager, and by a managed one with shells off: a warning line for each
-/// exec verb, the check still passing; the unmanaged chart's own identity has none.
+/// TRUST.md §6 on the bed. The chart's managed identity used by an unmanaged manager: one
+/// warning names every grant of the link (the cluster id, the outbox, pods/exec, the
+/// control actions' patch and delete); used by a managed one with shells off and only
+/// `restart` allowed: a warning for each feature off. The unmanaged chart's identity
+/// for an unmanaged manager: no warning. And that identity for a managed manager (what
+/// deploy.yaml turned managed by hand holds): each missing grant named, and where to
+/// get them.
 #[tokio::test]
-async fn pods_exec_held_and_not_used_is_a_warning() {
+async fn feature_grants_held_and_not_used_are_warnings() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "check-unused").await;
-    let managed_identity =
-        chart_identity_with(&ns.name, &[&ns.name], &["manager.managed=true".into()]);
-    let got = check(&managed_identity, &ns.name, &[]).await;
+    let n = &ns.name;
+    let fix = "fix: drop it from this identity (the chart grants a feature's permissions only with the feature: helm upgrade with the values this manager runs with)";
+    let managed_identity = chart_identity_with(n, &[n], &["manager.managed=true".into()]);
+    let got = check(&managed_identity, n, &[]).await;
     let warns: Vec<&String> = got.lines.iter().filter(|l| l.starts_with("warn")).collect();
     assert_eq!(
         warns,
-        [
-            &format!(
-                "warn rbac: may get pods/exec in namespace {}, which this configuration does not use (unmanaged: no shells) — fix: drop it from this identity (the chart grants pods/exec only in managed mode over the WebSocket with manager.shell.enabled)",
-                ns.name
-            ),
-            &format!(
-                "warn rbac: may create pods/exec in namespace {}, which this configuration does not use (unmanaged: no shells) — fix: drop it from this identity (the chart grants pods/exec only in managed mode over the WebSocket with manager.shell.enabled)",
-                ns.name
-            ),
-        ]
+        [&format!(
+            "warn rbac: may get namespaces kube-system; may get configmaps autonomic-audit-outbox, update configmaps autonomic-audit-outbox, create configmaps, get pods/exec, create pods/exec, patch agents, patch tools, delete agents, delete tools in namespace {n}, which this configuration does not use (unmanaged: no control-plane link) — {fix}"
+        )]
     );
     assert_eq!(got.code, Some(0), "a warning is no failure");
 
@@ -217,25 +222,49 @@ async fn pods_exec_held_and_not_used_is_a_warning() {
     cp.set_token(Some(TOKEN));
     let mut env = managed(cp.url());
     env.push(("AUTONOMIC_SHELL_ENABLED", "false".into()));
-    let got = check(&managed_identity, &ns.name, &env).await;
+    env.push(("AUTONOMIC_CONTROL_ACTIONS", "restart".into()));
+    let got = check(&managed_identity, n, &env).await;
     let warns: Vec<&String> = got.lines.iter().filter(|l| l.starts_with("warn")).collect();
-    assert_eq!(warns.len(), 2, "{:?}", got.lines);
-    assert!(
-        warns
-            .iter()
-            .all(|l| l.contains("(shells are off (AUTONOMIC_SHELL_ENABLED=false))")),
-        "{warns:?}"
+    assert_eq!(
+        warns,
+        [
+            &format!(
+                "warn rbac: may patch agents, patch tools in namespace {n}, which this configuration does not use (AUTONOMIC_CONTROL_ACTIONS allows neither pause nor resume) — {fix}"
+            ),
+            &format!(
+                "warn rbac: may delete agents, delete tools in namespace {n}, which this configuration does not use (AUTONOMIC_CONTROL_ACTIONS does not allow delete) — {fix}"
+            ),
+            &format!(
+                "warn rbac: may get pods/exec, create pods/exec in namespace {n}, which this configuration does not use (shells are off (AUTONOMIC_SHELL_ENABLED=false)) — {fix}"
+            ),
+        ],
+        "{:?}",
+        got.lines
     );
+    assert_eq!(got.code, Some(0), "{:?}", got.lines);
 
-    // The unmanaged chart's identity: exec taken away again, no warning.
-    let unmanaged_identity = chart_identity(&ns.name, &[&ns.name]);
-    let got = check(&unmanaged_identity, &ns.name, &[]).await;
+    // The unmanaged chart's identity (in a namespace of its own: applying it over the
+    // managed one would leave the managed install's extra Roles behind): no warning.
+    let ns = TestNamespace::new(&client, "check-unmanaged").await;
+    let n = &ns.name;
+    let unmanaged_identity = chart_identity(n, &[n]);
+    let got = check(&unmanaged_identity, n, &[]).await;
     assert!(
         !got.lines.iter().any(|l| l.starts_with("warn")),
         "{:?}",
         got.lines
     );
     assert_eq!(got.code, Some(0));
+
+    // deploy.yaml turned managed by hand: the link's grants are missing, each named.
+    let got = check(&unmanaged_identity, n, &managed(cp.url())).await;
+    assert_eq!(
+        got.line("rbac"),
+        format!(
+            "FAIL rbac: cannot get namespaces kube-system; cannot get configmaps autonomic-audit-outbox, update configmaps autonomic-audit-outbox, create configmaps, get pods/exec, create pods/exec, patch agents, patch tools, delete agents, delete tools in namespace {n} — fix: grant this identity the chart's RBAC for this configuration (helm upgrade with its values, or kubectl apply --server-side -f deploy-managed.yaml), or set AUTONOMIC_CLUSTER_ID"
+        )
+    );
+    assert_eq!(got.code, Some(1));
 }
 
 /// Missing CRDs. The test bed is shared, so its CRDs cannot be taken away while other
@@ -250,15 +279,11 @@ async fn missing_crds_are_named() {
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = fake_kubeconfig(&dir, port);
     let got = check(&kubeconfig, "crd-less", &[]).await;
-    // The stand-in allows everything: pods/exec too, which an unmanaged manager does
-    // not use (a warning each, TRUST.md §6).
-    let unused = |verb: &str| {
-        format!(
-            "warn rbac: may {verb} pods/exec in namespace crd-less, which this configuration does not use (unmanaged: no shells) — fix: drop it from this identity (the chart grants pods/exec only in managed mode over the WebSocket with manager.shell.enabled)"
-        )
-    };
+    // The stand-in allows everything: the link's grants too, which an unmanaged manager
+    // does not use (a warning, TRUST.md §6).
+    let unused = "warn rbac: may get namespaces kube-system; may get configmaps autonomic-audit-outbox, update configmaps autonomic-audit-outbox, create configmaps, get pods/exec, create pods/exec, patch agents, patch tools, delete agents, delete tools in namespace crd-less, which this configuration does not use (unmanaged: no control-plane link) — fix: drop it from this identity (the chart grants a feature's permissions only with the feature: helm upgrade with the values this manager runs with)";
     assert_eq!(
-        got.lines[..7],
+        got.lines[..6],
         [
             "ok   configuration: unmanaged, watching namespaces crd-less".to_owned(),
             format!(
@@ -266,9 +291,8 @@ async fn missing_crds_are_named() {
                 kubeconfig.display()
             ),
             format!("ok   api server: http://127.0.0.1:{port} (v1.20.2-standin)"),
-            "ok   rbac: 41 permissions allowed (namespace crd-less)".into(),
-            unused("get"),
-            unused("create"),
+            "ok   rbac: 36 permissions allowed (namespace crd-less, the Lease autonomic-manager in namespace crd-less)".into(),
+            unused.into(),
             "FAIL crds: not installed: agents.autonomic.sh, tools.autonomic.sh, runtimes.autonomic.sh, memories.autonomic.sh — fix: install this version's CRDs: autonomic-manager crds | kubectl apply --server-side -f -".into(),
         ]
     );

@@ -23,7 +23,12 @@ const PDB_V1: &str = "apiVersion: policy/v1\nkind: PodDisruptionBudget";
 /// Kubernetes >= 1.21 serves, and >= 1.25 only); for a server without it (the 1.20
 /// test bed) it becomes policy/v1beta1, whose fields are the same.
 fn manifest_in(ns: &str) -> String {
-    let text = std::fs::read_to_string(DEPLOY).unwrap();
+    manifest_of(DEPLOY, ns)
+}
+
+/// [`manifest_in`] for the shipped manifest `file`.
+fn manifest_of(file: &str, ns: &str) -> String {
+    let text = std::fs::read_to_string(file).unwrap();
     assert!(text.contains("namespace: autonomic-system"));
     assert!(text.contains(PDB_V1), "deploy.yaml lost its policy/v1 PDB");
     // Namespaced names and the cluster-scoped names derived from the namespace alike.
@@ -45,16 +50,37 @@ fn deploy_documents() -> Vec<serde_json::Value> {
     documents(&std::fs::read_to_string(DEPLOY).unwrap())
 }
 
+/// deploy.yaml and deploy-managed.yaml are each admitted whole by the API server.
 #[tokio::test]
 async fn deploy_yaml_passes_a_server_side_dry_run() {
     let client = client().await;
     // A dry run creates nothing, so the namespaced objects need their namespace to exist.
     let ns = TestNamespace::new(&client, "dry-run").await;
+    let managed = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy-managed.yaml");
+    let (ok, out) = kubectl(
+        &["apply", "--dry-run=server", "-f", "-"],
+        Some(&manifest_of(managed, &ns.name)),
+    );
+    assert!(ok, "dry run of deploy-managed.yaml refused:\n{out}");
+    for what in [
+        &format!(
+            "clusterrole.rbac.authorization.k8s.io/autonomic-manager-{}-cluster-id",
+            ns.name
+        ),
+        "role.rbac.authorization.k8s.io/autonomic-manager-audit-outbox",
+        "deployment.apps/autonomic-manager",
+    ] {
+        assert!(out.contains(what), "{what} missing from:\n{out}");
+    }
     let (ok, out) = kubectl(
         &["apply", "--dry-run=server", "-f", "-"],
         Some(&manifest_in(&ns.name)),
     );
     assert!(ok, "dry run refused:\n{out}");
+    assert!(
+        !out.contains("cluster-id") && !out.contains("audit-outbox"),
+        "{out}"
+    );
     for what in [
         "customresourcedefinition.apiextensions.k8s.io/agents.autonomic.sh",
         "serviceaccount/autonomic-manager",

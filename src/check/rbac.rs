@@ -33,6 +33,46 @@ pub enum Scope {
     /// Every watched namespace, in managed mode over the WebSocket with shells enabled:
     /// `pods/exec` (the chart's `autonomic.shellRules`).
     Shells,
+    /// Every watched namespace, in managed mode with `pause` or `resume` among the
+    /// control actions: patch of Agents and Tools (the chart's `autonomic.controlRules`).
+    Pause,
+    /// Every watched namespace, in managed mode with `delete` among the control
+    /// actions: delete of Agents and Tools.
+    Delete,
+}
+
+impl Scope {
+    /// Why `config` does not use the rules of this scope; `None` when it does. A
+    /// permission of an unused scope held anyway is a warning (TRUST.md §6).
+    fn unused_by(self, config: &Config) -> Option<&'static str> {
+        use crate::config::Transport;
+        let allowed = |action: &str| config.control_actions.contains(&action);
+        match self {
+            Scope::Watched | Scope::Namespaces => None,
+            Scope::Lease if !config.leader_election => Some("leader election is off"),
+            Scope::Lease => None,
+            _ if !config.managed => Some("unmanaged: no control-plane link"),
+            Scope::ClusterId if config.cluster_id.is_some() => Some("AUTONOMIC_CLUSTER_ID is set"),
+            // Recorded only when the pod's uid is known (in a pod: `POD_UID`).
+            Scope::OwnEvents if config.pod_uid.is_empty() => Some("not in a pod: no link Events"),
+            Scope::Outbox if config.transport != Transport::Ws => {
+                Some("the http transport keeps no outbox")
+            }
+            Scope::Shells if config.transport != Transport::Ws => {
+                Some("the http transport opens no shells")
+            }
+            Scope::Shells if !config.shell_enabled => {
+                Some("shells are off (AUTONOMIC_SHELL_ENABLED=false)")
+            }
+            Scope::Pause if !allowed("pause") && !allowed("resume") => {
+                Some("AUTONOMIC_CONTROL_ACTIONS allows neither pause nor resume")
+            }
+            Scope::Delete if !allowed("delete") => {
+                Some("AUTONOMIC_CONTROL_ACTIONS does not allow delete")
+            }
+            _ => None,
+        }
+    }
 }
 
 /// One RBAC rule the manager needs.
@@ -67,13 +107,15 @@ const CR_STATUS: &[&str] = &[
     "runtimes/status",
     "memories/status",
 ];
+/// What the control plane's `pause`, `resume` and `delete` act on.
+const CONTROLLED: &[&str] = &["agents", "tools"];
 const LEASE_NAME: &str = "autonomic-manager";
 const OUTBOX_NAME: &str = "autonomic-audit-outbox";
 
 /// Every verb the manager uses, on what: the one list `check` asks the API server about.
 /// A unit test holds it equal to the chart's rules (`charts/autonomic/templates/`).
 pub const RULES: &[Rule] = &[
-    rule("autonomic.sh", CRS, &["list", "watch", "patch", "delete"]),
+    rule("autonomic.sh", CRS, &["list", "watch"]),
     rule("autonomic.sh", CR_STATUS, &["patch"]),
     rule("", &["pods"], &["get", "list", "watch", "create", "delete"]),
     rule(
@@ -144,6 +186,20 @@ pub const RULES: &[Rule] = &[
         names: &[],
         scope: Scope::Shells,
     },
+    Rule {
+        group: "autonomic.sh",
+        resources: CONTROLLED,
+        verbs: &["patch"],
+        names: &[],
+        scope: Scope::Pause,
+    },
+    Rule {
+        group: "autonomic.sh",
+        resources: CONTROLLED,
+        verbs: &["delete"],
+        names: &[],
+        scope: Scope::Delete,
+    },
 ];
 
 /// One question for the API server: may I `verb` `resource` (`name`) in `namespace`
@@ -177,56 +233,45 @@ impl Permission {
 
 /// The permissions `config` needs, from [`RULES`].
 fn permissions(config: &Config) -> Vec<Permission> {
+    RULES
+        .iter()
+        .filter(|r| r.scope.unused_by(config).is_none())
+        .flat_map(|r| permissions_of(r, config))
+        .collect()
+}
+
+/// Each permission `rule` grants, where `config` would use it.
+fn permissions_of(rule: &Rule, config: &Config) -> Vec<Permission> {
     let watched: Vec<Option<String>> = if config.namespaces.is_empty() {
         vec![None]
     } else {
         config.namespaces.iter().cloned().map(Some).collect()
     };
+    let home = vec![Some(config.pod_namespace.clone())];
+    let (namespaces, names) = match rule.scope {
+        Scope::Watched | Scope::Shells | Scope::Pause | Scope::Delete => (watched, vec![None]),
+        Scope::Lease | Scope::OwnEvents | Scope::Outbox => (home, vec![None]),
+        Scope::ClusterId => (vec![None], vec![None]),
+        // Each watched namespace by name, or all of them.
+        Scope::Namespaces => (vec![None], watched),
+    };
+    let names = if rule.names.is_empty() {
+        names
+    } else {
+        rule.names.iter().map(|n| Some(n.to_string())).collect()
+    };
     let mut out = Vec::new();
-    for rule in RULES {
-        let namespaces = match rule.scope {
-            Scope::Watched => watched.clone(),
-            Scope::Lease if config.leader_election => vec![Some(config.pod_namespace.clone())],
-            Scope::ClusterId if config.managed && config.cluster_id.is_none() => vec![None],
-            // Recorded only when the pod's uid is known (in a pod: `POD_UID`).
-            Scope::OwnEvents if config.managed && !config.pod_uid.is_empty() => {
-                vec![Some(config.pod_namespace.clone())]
-            }
-            Scope::Outbox if config.managed && config.transport == crate::config::Transport::Ws => {
-                vec![Some(config.pod_namespace.clone())]
-            }
-            Scope::Shells
-                if config.managed
-                    && config.transport == crate::config::Transport::Ws
-                    && config.shell_enabled =>
-            {
-                watched.clone()
-            }
-            Scope::Lease | Scope::ClusterId | Scope::OwnEvents | Scope::Outbox | Scope::Shells => {
-                continue;
-            }
-            Scope::Namespaces => vec![None],
-        };
-        let names: Vec<Option<String>> = if rule.scope == Scope::Namespaces {
-            // Each watched namespace by name, or all of them.
-            watched.clone()
-        } else if rule.names.is_empty() {
-            vec![None]
-        } else {
-            rule.names.iter().map(|n| Some(n.to_string())).collect()
-        };
-        for namespace in &namespaces {
-            for resource in rule.resources {
-                for verb in rule.verbs {
-                    for name in &names {
-                        out.push(Permission {
-                            namespace: namespace.clone(),
-                            verb,
-                            group: rule.group,
-                            resource,
-                            name: name.clone(),
-                        });
-                    }
+    for namespace in &namespaces {
+        for resource in rule.resources {
+            for verb in rule.verbs {
+                for name in &names {
+                    out.push(Permission {
+                        namespace: namespace.clone(),
+                        verb,
+                        group: rule.group,
+                        resource,
+                        name: name.clone(),
+                    });
                 }
             }
         }
@@ -236,8 +281,13 @@ fn permissions(config: &Config) -> Vec<Permission> {
 
 /// `cannot watch pods, create pods/exec in namespace a; cannot get namespaces kube-system`.
 fn missing_text(missing: &[Permission]) -> String {
+    by_place(missing, "cannot")
+}
+
+/// `permissions` grouped by where they apply, each group led by `lead`.
+fn by_place(permissions: &[Permission], lead: &str) -> String {
     let mut by_place: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for p in missing {
+    for p in permissions {
         by_place.entry(p.location()).or_default().push(p.action());
     }
     by_place
@@ -245,58 +295,28 @@ fn missing_text(missing: &[Permission]) -> String {
         .map(|(place, actions)| {
             let actions = actions.join(", ");
             if place.is_empty() {
-                format!("cannot {actions}")
+                format!("{lead} {actions}")
             } else {
-                format!("cannot {actions} {place}")
+                format!("{lead} {actions} {place}")
             }
         })
         .collect::<Vec<_>>()
         .join("; ")
 }
 
-/// The permissions of a feature `config` leaves off that reaches into agents'
-/// containers: `pods/exec` in each watched namespace when shells cannot be used
-/// (unmanaged, the HTTP transport, or `AUTONOMIC_SHELL_ENABLED=false`). Held anyway,
-/// each is a warning (TRUST.md §6).
-fn unused(config: &Config) -> Vec<Permission> {
-    let used =
-        config.managed && config.transport == crate::config::Transport::Ws && config.shell_enabled;
-    if used {
-        return Vec::new();
-    }
-    let watched: Vec<Option<String>> = if config.namespaces.is_empty() {
-        vec![None]
-    } else {
-        config.namespaces.iter().cloned().map(Some).collect()
-    };
-    let mut out = Vec::new();
-    for rule in RULES.iter().filter(|r| r.scope == Scope::Shells) {
-        for namespace in &watched {
-            for resource in rule.resources {
-                for verb in rule.verbs {
-                    out.push(Permission {
-                        namespace: namespace.clone(),
-                        verb,
-                        group: rule.group,
-                        resource,
-                        name: None,
-                    });
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Why shells are off, for the warning on a `pods/exec` held anyway.
-fn shells_off(config: &Config) -> &'static str {
-    if !config.managed {
-        "unmanaged: no shells"
-    } else if config.transport != crate::config::Transport::Ws {
-        "the http transport opens no shells"
-    } else {
-        "shells are off (AUTONOMIC_SHELL_ENABLED=false)"
-    }
+/// The permissions of the features `config` leaves off (the chart's rules for managed
+/// mode, shells, control actions, the outbox, the cluster id, leader election), each
+/// with why it is not used; one the configuration needs anyway (an Event in a watched
+/// namespace that is also the manager's) is not among them. Held anyway, each is a
+/// warning (TRUST.md §6).
+fn unused(config: &Config) -> Vec<(Permission, &'static str)> {
+    let needed = permissions(config);
+    RULES
+        .iter()
+        .filter_map(|r| Some((r, r.scope.unused_by(config)?)))
+        .flat_map(|(r, why)| permissions_of(r, config).into_iter().map(move |p| (p, why)))
+        .filter(|(p, _)| !needed.contains(p))
+        .collect()
 }
 
 /// One SelfSubjectAccessReview for each of `permissions`: allowed or not, or why the
@@ -337,19 +357,24 @@ async fn ask(
 /// each of [`unused`] the identity holds, a warning line.
 pub(super) async fn rbac(config: &Config, client: &kube::Client) -> Vec<Line> {
     let mut lines = vec![needed(config, client).await];
-    for (p, answer) in ask(client, &unused(config)).await {
+    let unused = unused(config);
+    let permissions: Vec<Permission> = unused.iter().map(|(p, _)| p.clone()).collect();
+    // The ones held, grouped by why they are not used: one warning line each.
+    let mut held: BTreeMap<&str, Vec<Permission>> = BTreeMap::new();
+    for ((p, answer), (_, why)) in ask(client, &permissions).await.into_iter().zip(&unused) {
         if answer == Ok(true) {
-            lines.push(Line::warn(
-                "rbac",
-                format!(
-                    "may {} {}, which this configuration does not use ({})",
-                    p.action(),
-                    p.location(),
-                    shells_off(config)
-                ),
-                "drop it from this identity (the chart grants pods/exec only in managed mode over the WebSocket with manager.shell.enabled)",
-            ));
+            held.entry(why).or_default().push(p);
         }
+    }
+    for (why, permissions) in held {
+        lines.push(Line::warn(
+            "rbac",
+            format!(
+                "{}, which this configuration does not use ({why})",
+                by_place(&permissions, "may")
+            ),
+            "drop it from this identity (the chart grants a feature's permissions only with the feature: helm upgrade with the values this manager runs with)",
+        ));
     }
     lines
 }
@@ -399,7 +424,14 @@ async fn needed(config: &Config, client: &kube::Client) -> Line {
             ),
         );
     }
-    let mut fix = "grant this identity the chart's RBAC (helm upgrade, or kubectl apply --server-side -f deploy.yaml; the rules: charts/autonomic/templates/_helpers.tpl)".to_owned();
+    let manifest = if config.managed {
+        "deploy-managed.yaml"
+    } else {
+        "deploy.yaml"
+    };
+    let mut fix = format!(
+        "grant this identity the chart's RBAC for this configuration (helm upgrade with its values, or kubectl apply --server-side -f {manifest})"
+    );
     if missing
         .iter()
         .any(|p| p.resource == "namespaces" && p.verb == "get")
@@ -469,10 +501,17 @@ mod tests {
     #[test]
     fn permissions_follow_the_configuration() {
         let unmanaged = permissions(&config(&[("AUTONOMIC_NAMESPACES", "a,b")]));
-        // 39 workload permissions in each watched namespace, and list and watch of each
-        // of those namespaces by name; no pods/exec.
-        assert_eq!(unmanaged.len(), 78 + 4);
-        assert!(!unmanaged.iter().any(|p| p.resource == "pods/exec"));
+        // 31 workload permissions in each watched namespace, and list and watch of each
+        // of those namespaces by name; nothing of the link: no pods/exec, no writes to
+        // the custom resources, no cluster id, no outbox.
+        assert_eq!(unmanaged.len(), 62 + 4);
+        assert!(!unmanaged.iter().any(|p| p.resource == "pods/exec"
+            || p.resource == "configmaps"
+            || (p.group == "autonomic.sh"
+                && !p.resource.ends_with("/status")
+                && p.verb != "list"
+                && p.verb != "watch")
+            || p.name.as_deref() == Some("kube-system")));
         assert!(unmanaged.contains(&Permission {
             namespace: None,
             verb: "watch",
@@ -493,8 +532,16 @@ mod tests {
             ("POD_UID", "u-1"),
         ]));
         // Workload, namespaces (2), Lease (3), cluster id (1), link Events in the manager's
-        // namespace (2), the audit outbox (3), pods/exec for shells (2).
-        assert_eq!(all.len(), 39 + 2 + 3 + 1 + 2 + 3 + 2);
+        // namespace (2), the audit outbox (3), pods/exec for shells (2), pause and resume
+        // (patch agents, tools), delete (2).
+        assert_eq!(all.len(), 31 + 2 + 3 + 1 + 2 + 3 + 2 + 2 + 2);
+        assert!(all.contains(&Permission {
+            namespace: None,
+            verb: "delete",
+            group: "autonomic.sh",
+            resource: "tools",
+            name: None,
+        }));
         assert!(all.contains(&Permission {
             namespace: None,
             verb: "create",
@@ -537,7 +584,7 @@ mod tests {
         ]));
         assert_eq!(
             with_id.len(),
-            39 + 2 + 3 + 2,
+            31 + 2 + 3 + 2 + 4,
             "outside a pod: no link Events"
         );
         let no_shells = permissions(&config(&[
@@ -546,7 +593,18 @@ mod tests {
             ("AUTONOMIC_CLUSTER_ID", "prod"),
             ("AUTONOMIC_SHELL_ENABLED", "false"),
         ]));
-        assert_eq!(no_shells.len(), 39 + 2 + 3, "shells off: no pods/exec");
+        assert_eq!(no_shells.len(), 31 + 2 + 3 + 4, "shells off: no pods/exec");
+        let restart_only = permissions(&config(&[
+            ("AUTONOMIC_MANAGED", "true"),
+            ("AUTONOMIC_AUTH_TOKEN", "t"),
+            ("AUTONOMIC_CLUSTER_ID", "prod"),
+            ("AUTONOMIC_CONTROL_ACTIONS", "restart,resume"),
+        ]));
+        assert_eq!(
+            restart_only.len(),
+            31 + 2 + 3 + 2 + 2,
+            "resume alone needs patch; no delete"
+        );
         let http = permissions(&config(&[
             ("AUTONOMIC_MANAGED", "true"),
             ("AUTONOMIC_AUTH_TOKEN", "t"),
@@ -555,7 +613,7 @@ mod tests {
         ]));
         assert_eq!(
             http.len(),
-            39 + 2,
+            31 + 2 + 4,
             "the legacy transport keeps no outbox and opens no shells"
         );
         let a = attributes(&Permission {
@@ -569,6 +627,91 @@ mod tests {
             (a.resource.as_deref(), a.subresource.as_deref()),
             (Some("pods"), Some("exec"))
         );
+    }
+
+    /// TRUST.md §6: what a configuration leaves off is every permission of the chart's
+    /// feature rules it does not use, each with its reason, and never one it needs.
+    #[test]
+    fn unused_permissions_are_the_features_left_off() {
+        let text = |u: &[(Permission, &str)]| -> Vec<String> {
+            u.iter()
+                .map(|(p, why)| format!("{} {} ({why})", p.action(), p.location()))
+                .collect()
+        };
+        // Unmanaged, in a pod, home watched: the link's every grant, and the Lease.
+        let unmanaged = config(&[
+            ("AUTONOMIC_NAMESPACES", "home"),
+            ("POD_NAMESPACE", "home"),
+            ("POD_UID", "u-1"),
+        ]);
+        let off = "unmanaged: no control-plane link";
+        assert_eq!(
+            text(&unused(&unmanaged)),
+            [
+                "get leases autonomic-manager in namespace home (leader election is off)"
+                    .to_owned(),
+                "update leases autonomic-manager in namespace home (leader election is off)"
+                    .to_owned(),
+                "create leases in namespace home (leader election is off)".to_owned(),
+                format!("get namespaces kube-system  ({off})"),
+                // Link Events in home: the workload's Events there are needed anyway.
+                format!("get configmaps autonomic-audit-outbox in namespace home ({off})"),
+                format!("update configmaps autonomic-audit-outbox in namespace home ({off})"),
+                format!("create configmaps in namespace home ({off})"),
+                format!("get pods/exec in namespace home ({off})"),
+                format!("create pods/exec in namespace home ({off})"),
+                format!("patch agents in namespace home ({off})"),
+                format!("patch tools in namespace home ({off})"),
+                format!("delete agents in namespace home ({off})"),
+                format!("delete tools in namespace home ({off})"),
+            ]
+        );
+        // Elsewhere than home, the link Events' Role is unused too.
+        let away = config(&[
+            ("AUTONOMIC_NAMESPACES", "a"),
+            ("POD_NAMESPACE", "home"),
+            ("POD_UID", "u"),
+        ]);
+        assert!(
+            text(&unused(&away)).contains(&format!("create events in namespace home ({off})")),
+            "{:?}",
+            text(&unused(&away))
+        );
+        // Managed with everything on: nothing unused.
+        let all = config(&[
+            ("AUTONOMIC_MANAGED", "true"),
+            ("AUTONOMIC_AUTH_TOKEN", "t"),
+            ("AUTONOMIC_LEADER_ELECTION", "true"),
+            ("POD_NAMESPACE", "home"),
+            ("POD_UID", "u-1"),
+        ]);
+        assert_eq!(text(&unused(&all)), Vec::<String>::new());
+        // Each feature off names itself.
+        let some = config(&[
+            ("AUTONOMIC_MANAGED", "true"),
+            ("AUTONOMIC_AUTH_TOKEN", "t"),
+            ("AUTONOMIC_LEADER_ELECTION", "true"),
+            ("AUTONOMIC_CLUSTER_ID", "prod"),
+            ("AUTONOMIC_TRANSPORT", "http"),
+            ("AUTONOMIC_CONTROL_ACTIONS", "none"),
+            ("POD_NAMESPACE", "home"),
+        ]);
+        let reasons: BTreeSet<&str> = unused(&some).into_iter().map(|(_, why)| why).collect();
+        assert_eq!(
+            reasons.into_iter().collect::<Vec<_>>(),
+            [
+                "AUTONOMIC_CLUSTER_ID is set",
+                "AUTONOMIC_CONTROL_ACTIONS allows neither pause nor resume",
+                "AUTONOMIC_CONTROL_ACTIONS does not allow delete",
+                "not in a pod: no link Events",
+                "the http transport keeps no outbox",
+                "the http transport opens no shells",
+            ]
+        );
+        for c in [&unmanaged, &away, &all, &some] {
+            let needed = permissions(c);
+            assert!(unused(c).iter().all(|(p, _)| !needed.contains(p)));
+        }
     }
 
     /// (scope, group, resource, verb, resourceName) of every rule.
@@ -636,6 +779,25 @@ mod tests {
             .collect();
         let shells: Value = serde_saphyr::from_str(&body).expect("the shell rules parse");
         grants_of(&shells, Scope::Shells, &mut chart);
+        // The control actions' rules, likewise; told apart by their verb.
+        let start = helpers
+            .find(r#"{{- define "autonomic.controlRules" -}}"#)
+            .expect("the control rules in _helpers.tpl");
+        let body = &helpers[start..];
+        let body: String = body[..body.find("{{- end -}}\n{{- end -}}").unwrap()]
+            .lines()
+            .filter(|l| !l.contains("{{"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let control: Value = serde_saphyr::from_str(&body).expect("the control rules parse");
+        for rule in control.as_array().expect("a list of rules") {
+            let scope = match rule["verbs"][0].as_str() {
+                Some("patch") => Scope::Pause,
+                Some("delete") => Scope::Delete,
+                other => panic!("a control rule with verb {other:?}"),
+            };
+            grants_of(&Value::Array(vec![rule.clone()]), scope, &mut chart);
+        }
 
         let rbac = include_str!("../../charts/autonomic/templates/rbac.yaml");
         let literal: String = rbac

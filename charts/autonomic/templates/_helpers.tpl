@@ -66,12 +66,34 @@ authorizes as `get`; newer API servers also check `create`. Both are needed.
 {{- end -}}
 {{- end -}}
 
+{{/*
+The control plane's `control` actions on Agents and Tools, granted only where they can
+be asked (TRUST.md section 6), in managed mode with the action in
+manager.control.actions: `pause` and `resume` set spec.paused (an Agent) or
+spec.disabled (a Tool) by a merge patch; `delete` deletes the object. (`restart`
+deletes the pod, which the workload rules grant anyway: a pod is recreated.)
+*/}}
+{{- define "autonomic.controlRules" -}}
+{{- $m := .Values.manager -}}
+{{- $a := $m.control.actions -}}
+{{- if and $m.managed (or (has "pause" $a) (has "resume" $a)) }}
+- apiGroups: ["autonomic.sh"]
+  resources: ["agents", "tools"]
+  verbs: ["patch"]
+{{- end -}}
+{{- if and $m.managed (has "delete" $a) }}
+- apiGroups: ["autonomic.sh"]
+  resources: ["agents", "tools"]
+  verbs: ["delete"]
+{{- end -}}
+{{- end -}}
+
 {{- define "autonomic.workloadRules" -}}
-# The custom resources: watched (list/watch) into caches; patch for
-# pause/resume from the control plane; delete for its `delete` action.
+# The custom resources: watched (list/watch) into caches. Never written but for their
+# status (the control plane's pause, resume and delete: autonomic.controlRules).
 - apiGroups: ["autonomic.sh"]
   resources: ["agents", "tools", "runtimes", "memories"]
-  verbs: ["list", "watch", "patch", "delete"]
+  verbs: ["list", "watch"]
 # Status is written through the status subresource only (merge patch).
 - apiGroups: ["autonomic.sh"]
   resources: ["agents/status", "tools/status", "runtimes/status", "memories/status"]
