@@ -331,7 +331,7 @@ async fn kube_apiserver_restarted_mid_stream_misses_nothing() {
     // (403); that the manager only retries then is no fault of its, but the tests fail
     // on any refusal it logs.
     let lb = FaultProxy::start(&format!("127.0.0.1:{}", bed.port));
-    let identity = chart_identity(&ns.name, &[&ns.name]);
+    let identity = managed_chart_identity(&ns.name, &[&ns.name]);
     let m = start_manager(&ns.name, &cp, &bed.kubeconfig_on(&identity, lb.port()));
     cp.wait_frame("snapshot", |r| r.frame_type() == Some("snapshot"))
         .await;
@@ -400,7 +400,7 @@ async fn an_etcd_compaction_makes_the_watches_relist_and_nothing_is_missed() {
     populate(&ns).await;
     let cp = FakeCp::start().await;
     let proxy = FaultProxy::start(&format!("127.0.0.1:{}", bed.port));
-    let identity = chart_identity(&ns.name, &[&ns.name]);
+    let identity = managed_chart_identity(&ns.name, &[&ns.name]);
     let m = start_manager(&ns.name, &cp, &bed.kubeconfig_on(&identity, proxy.port()));
     cp.wait_frame("snapshot", |r| r.frame_type() == Some("snapshot"))
         .await;

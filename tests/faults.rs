@@ -601,7 +601,7 @@ async fn five_control_plane_restarts_with_a_shell_open_each_time() {
 /// IP SAN `127.0.0.1` matches the proxy's address as well (a port is no part of the
 /// name), so no `tls-server-name` is needed.
 fn kubeconfig_via(ns: &str, proxy: &FaultProxy) -> std::path::PathBuf {
-    let path = chart_identity(ns, &[ns]);
+    let path = managed_chart_identity(ns, &[ns]);
     let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
         .expect("chart_identity writes JSON");
     let server = &mut config["clusters"][0]["cluster"]["server"];

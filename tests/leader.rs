@@ -319,7 +319,8 @@ async fn proxied_leader(
 ) -> (Manager, tokio::sync::watch::Sender<bool>) {
     // The chart's identity, with the API server's address swapped for the proxy's.
     let mut kubeconfig: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(chart_identity(ns, &[ns])).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(managed_chart_identity(ns, &[ns])).unwrap())
+            .unwrap();
     let server = kubeconfig["clusters"][0]["cluster"]["server"]
         .as_str()
         .and_then(|s| s.strip_prefix("https://"))

@@ -367,8 +367,8 @@ async fn a_hundred_control_plane_restarts_with_shells_and_controls_in_flight() {
     )
     .await;
     let cp = FakeCp::start().await;
-    let api = FaultProxy::start(&server_of(&chart_identity(&n, &[&n])));
-    let kubeconfig = kubeconfig_on(&chart_identity(&n, &[&n]), api.port());
+    let api = FaultProxy::start(&server_of(&managed_chart_identity(&n, &[&n])));
+    let kubeconfig = kubeconfig_on(&managed_chart_identity(&n, &[&n]), api.port());
     let mut env = managed_vars(cp.url(), TOKEN);
     env.push(("KUBECONFIG", kubeconfig.display().to_string()));
     let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();

@@ -322,6 +322,13 @@ pub fn chart_identity_with(home: &str, watch: &[&str], features: &[String]) -> P
     path
 }
 
+/// [`chart_identity`] as the chart gives it to a managed manager (its defaults
+/// otherwise): for tests that point a managed manager's kubeconfig elsewhere (a proxy),
+/// so that the identity they copy is the one [`Manager::start_as`] applies.
+pub fn managed_chart_identity(home: &str, watch: &[&str]) -> PathBuf {
+    chart_identity_with(home, watch, &["manager.managed=true".to_owned()])
+}
+
 /// The chart's `--set`s for the features a manager started with `env` uses: managed
 /// mode, its transport, shells on or off (what the chart's RBAC follows).
 pub fn features_of(env: &[(&str, &str)]) -> Vec<String> {
