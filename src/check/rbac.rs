@@ -768,28 +768,23 @@ mod tests {
         let mut chart = BTreeSet::new();
         grants_of(&workload, Scope::Watched, &mut chart);
         // The shells' rule, its template lines (the feature condition) dropped.
-        let start = helpers
-            .find(r#"{{- define "autonomic.shellRules" -}}"#)
-            .expect("the shell rules in _helpers.tpl");
-        let body = &helpers[start..];
-        let body: String = body[..body.find("{{- end -}}\n{{- end -}}").unwrap()]
-            .lines()
-            .filter(|l| !l.contains("{{"))
-            .map(|l| format!("{l}\n"))
-            .collect();
-        let shells: Value = serde_saphyr::from_str(&body).expect("the shell rules parse");
+        // A conditional template's rules, its template lines (the conditions) dropped.
+        let conditional = |name: &str| -> Value {
+            let start = helpers
+                .find(&format!(r#"{{{{- define "autonomic.{name}" -}}}}"#))
+                .unwrap_or_else(|| panic!("{name} in _helpers.tpl"));
+            let body = &helpers[start..];
+            let body: String = body[..body.find("{{- end -}}\n{{- end -}}").unwrap()]
+                .lines()
+                .filter(|l| !l.contains("{{"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            serde_saphyr::from_str(&body).unwrap_or_else(|e| panic!("{name} parse: {e}"))
+        };
+        let shells = conditional("shellRules");
         grants_of(&shells, Scope::Shells, &mut chart);
         // The control actions' rules, likewise; told apart by their verb.
-        let start = helpers
-            .find(r#"{{- define "autonomic.controlRules" -}}"#)
-            .expect("the control rules in _helpers.tpl");
-        let body = &helpers[start..];
-        let body: String = body[..body.find("{{- end -}}\n{{- end -}}").unwrap()]
-            .lines()
-            .filter(|l| !l.contains("{{"))
-            .map(|l| format!("{l}\n"))
-            .collect();
-        let control: Value = serde_saphyr::from_str(&body).expect("the control rules parse");
+        let control = conditional("controlRules");
         for rule in control.as_array().expect("a list of rules") {
             let scope = match rule["verbs"][0].as_str() {
                 Some("patch") => Scope::Pause,
