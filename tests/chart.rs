@@ -233,46 +233,51 @@ fn watched_namespaces_get_roles_and_no_cluster_wide_workload_access() {
     );
 }
 
-/// The grants of the rendered RBAC that a feature brings, by name, each with the Role or
-/// ClusterRole that holds it: `exec` (pods/exec), `patch` and `delete` (of the custom
-/// resources), `cluster-id` (get namespace kube-system), `link-events` (the Role for
-/// Events in the release namespace), `outbox` (its ConfigMap).
+/// The feature rule `rule` of the Role or ClusterRole `holder` is for, if any: `exec`
+/// (pods/exec), `patch` and `delete` (of the custom resources), `cluster-id` (get
+/// namespace kube-system), `outbox` (its ConfigMap), `link-events` (the Role for Events in
+/// the release namespace).
+fn rule_feature(holder: &str, rule: &Value) -> Option<&'static str> {
+    let has = |field: &str, x: &str| {
+        rule[field]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|v| v == x))
+    };
+    let custom_resources = has("apiGroups", "autonomic.sh") && has("resources", "agents");
+    Some(if has("resources", "pods/exec") {
+        "exec"
+    } else if custom_resources && has("verbs", "patch") {
+        "patch"
+    } else if custom_resources && has("verbs", "delete") {
+        "delete"
+    } else if has("resourceNames", "kube-system") {
+        "cluster-id"
+    } else if has("resources", "configmaps") {
+        "outbox"
+    } else if holder.ends_with("-events") {
+        "link-events"
+    } else {
+        return None;
+    })
+}
+
+/// The Roles and ClusterRoles of `docs`.
+fn roles(docs: &[Value]) -> impl Iterator<Item = &Value> {
+    docs.iter()
+        .filter(|d| matches!(d["kind"].as_str(), Some("Role" | "ClusterRole")))
+}
+
+/// The grants of the rendered RBAC that a feature brings ([`rule_feature`]), each with
+/// the name of the Role or ClusterRole that holds it.
 fn feature_grants(docs: &[Value]) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
-    for d in docs
-        .iter()
-        .filter(|d| matches!(d["kind"].as_str(), Some("Role" | "ClusterRole")))
-    {
-        let name = d["metadata"]["name"].as_str().unwrap().to_owned();
+    for d in roles(docs) {
+        let name = d["metadata"]["name"].as_str().unwrap();
         for r in d["rules"].as_array().unwrap() {
-            let has = |field: &str, x: &str| {
-                r[field]
-                    .as_array()
-                    .is_some_and(|a| a.iter().any(|v| v == x))
-            };
-            let feature = if has("resources", "pods/exec") {
-                "exec"
-            } else if has("apiGroups", "autonomic.sh")
-                && has("resources", "agents")
-                && has("verbs", "patch")
+            if let Some(feature) = rule_feature(name, r)
+                && !out.contains(&(feature, name.to_owned()))
             {
-                "patch"
-            } else if has("apiGroups", "autonomic.sh")
-                && has("resources", "agents")
-                && has("verbs", "delete")
-            {
-                "delete"
-            } else if has("resourceNames", "kube-system") {
-                "cluster-id"
-            } else if has("resources", "configmaps") {
-                "outbox"
-            } else if name.ends_with("-events") {
-                "link-events"
-            } else {
-                continue;
-            };
-            if !out.contains(&(feature, name.clone())) {
-                out.push((feature, name.clone()));
+                out.push((feature, name.to_owned()));
             }
         }
     }
@@ -376,22 +381,14 @@ fn each_grant_comes_only_with_its_feature() {
                 );
             }
             // What is left when the features' grants are taken out: the same every time.
-            let rest: Vec<Value> = docs
-                .iter()
-                .filter(|d| matches!(d["kind"].as_str(), Some("Role" | "ClusterRole")))
-                .filter(|d| {
-                    !feature_grants(&[(*d).clone()])
-                        .iter()
-                        .any(|(f, _)| matches!(*f, "cluster-id" | "outbox" | "link-events"))
-                })
+            let rest: Vec<Value> = roles(&docs)
                 .map(|d| {
-                    let mut d = d.clone();
-                    d["rules"].as_array_mut().unwrap().retain(|r| {
-                        r["resources"] != serde_json::json!(["pods/exec"])
-                            && r["resources"] != serde_json::json!(["agents", "tools"])
-                    });
-                    d["rules"].clone()
+                    let name = d["metadata"]["name"].as_str().unwrap();
+                    let mut rules = d["rules"].as_array().unwrap().clone();
+                    rules.retain(|r| rule_feature(name, r).is_none());
+                    Value::Array(rules)
                 })
+                .filter(|rules| rules != &Value::Array(Vec::new()))
                 .collect();
             match &rest_of_the_rules {
                 None => rest_of_the_rules = Some(rest),
