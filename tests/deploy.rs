@@ -30,7 +30,7 @@ fn manifest_in(ns: &str) -> String {
 fn manifest_of(file: &str, ns: &str) -> String {
     let text = std::fs::read_to_string(file).unwrap();
     assert!(text.contains("namespace: autonomic-system"));
-    assert!(text.contains(PDB_V1), "deploy.yaml lost its policy/v1 PDB");
+    assert!(text.contains(PDB_V1), "{file} lost its policy/v1 PDB");
     // Namespaced names and the cluster-scoped names derived from the namespace alike.
     let text = text.replace("autonomic-system", ns);
     let (ok, versions) = kubectl(&["api-versions"], None);
