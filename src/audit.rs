@@ -375,32 +375,6 @@ impl AuditLog {
     }
 }
 
-/// A v4 UUID from the system's randomness.
-pub fn uuid_v4() -> String {
-    let mut b = [0u8; 16];
-    // Without randomness (never seen in practice) fall back to the clock: ids stay unique
-    // enough for an audit trail, and nothing may crash over it.
-    let random = rustls::crypto::ring::default_provider().secure_random;
-    if random.fill(&mut b).is_err() {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        b = nanos.to_le_bytes();
-    }
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
-}
-
 /// Now, RFC 3339.
 pub fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
@@ -409,6 +383,7 @@ pub fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process::uuid_v4;
 
     fn event(n: usize) -> AuditEvent {
         AuditEvent {
@@ -655,13 +630,5 @@ mod tests {
         ] {
             assert_eq!(serde_json::to_value(a).unwrap(), a.as_str());
         }
-    }
-
-    #[test]
-    fn uuids_are_v4_and_distinct() {
-        let a = uuid_v4();
-        assert_eq!(a.len(), 36);
-        assert_eq!(&a[14..15], "4");
-        assert_ne!(a, uuid_v4());
     }
 }

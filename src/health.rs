@@ -168,137 +168,48 @@ fn readiness(ctx: &Probe) -> Result<(), &'static str> {
     }
     // A standby never connects; it is ready once warm, or a Deployment of two replicas
     // would never finish rolling out.
-    if ctx.managed && ctx.metrics.leader.load(Relaxed) && !ctx.link.connected.load(Relaxed) {
+    if ctx.managed && ctx.metrics.leader.load(Relaxed) && !ctx.link.is_connected() {
         return Err("not connected to the control plane");
     }
     Ok(())
 }
 
 fn metrics(ctx: &Probe) -> String {
-    let link = &ctx.link;
-    let n = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as f64;
-    ctx.metrics.render(&[
-        (
-            "autonomic_connected",
-            "1 while the control-plane session is up.",
-            f64::from(u8::from(link.connected.load(Relaxed))),
-        ),
-        (
-            "autonomic_managed",
-            "1 in managed mode: the manager holds a control-plane connection while leading.",
-            f64::from(u8::from(ctx.managed)),
-        ),
-        (
-            "autonomic_leader",
-            "1 while this replica holds the leader Lease and reconciles.",
-            f64::from(u8::from(ctx.metrics.leader.load(Relaxed))),
-        ),
-        (
-            "autonomic_shell_sessions_open",
-            "Shell sessions open now.",
-            n(&link.sessions_open),
-        ),
-        (
-            "autonomic_shell_input_bytes",
-            "Memory held by shell input waiting for its processes, all sessions (at most 16 MiB).",
-            link.shell_input.load(Relaxed) as f64,
-        ),
-        (
-            "autonomic_heartbeat_rtt_seconds",
-            "Round trip of the WebSocket ping sent with the last heartbeat (0 before the first).",
-            n(&link.heartbeat_rtt_us) / 1e6,
-        ),
-        (
-            "autonomic_last_welcome_timestamp_seconds",
-            "Unix time of the last welcome.",
-            n(&link.last_welcome),
-        ),
-        (
-            "autonomic_reconnects_total",
-            "Dials after a session ended or failed.",
-            n(&link.reconnects),
-        ),
-        (
-            "autonomic_snapshots_sent_total",
-            "Snapshot frames sent.",
-            n(&link.snapshots_sent),
-        ),
-        (
-            "autonomic_deltas_sent_total",
-            "Delta frames sent.",
-            n(&link.deltas_sent),
-        ),
-        (
-            "autonomic_bytes_sent_total",
-            "Bytes of frames sent: text, shell output and pings.",
-            n(&link.bytes_sent),
-        ),
-        (
-            "autonomic_frames_rejected_total",
-            "Frames from the control plane answered with an error.",
-            n(&link.frames_rejected),
-        ),
-        (
-            "autonomic_audit_queued",
-            "Audit events waiting to be sent.",
-            link.audit.queued() as f64,
-        ),
-        (
-            "autonomic_audit_queued_bytes",
-            "What the queued audit events cost in memory (bounded at 8 MiB).",
-            link.audit.queued_bytes() as f64,
-        ),
-        (
-            "autonomic_audit_dropped_total",
-            "Audit events dropped because the queue was full (10 000 events or 8 MiB).",
-            link.audit.dropped() as f64,
-        ),
-        (
-            "autonomic_audit_outbox_events",
-            "Audit events in the in-cluster outbox, as last read or written.",
-            n(&link.audit.outbox.events),
-        ),
-        (
-            "autonomic_audit_outbox_writes_total",
-            "Writes of the audit outbox (each a batch of events or removals).",
-            n(&link.audit.outbox.writes),
-        ),
-        (
-            "autonomic_audit_outbox_dropped_total",
-            "Audit events dropped from the outbox because it was full (the oldest).",
-            n(&link.audit.outbox.dropped),
-        ),
-        (
-            "autonomic_audit_outbox_malformed_total",
-            "Entries of the audit outbox skipped because they were no event.",
-            n(&link.audit.outbox.malformed),
-        ),
-        (
-            "autonomic_audit_outbox_delivered_total",
-            "Audit events sent from the outbox that this manager had not queued itself.",
-            n(&link.audit.outbox.delivered),
-        ),
-        (
-            "autonomic_queue_depth",
-            "Objects waiting to be reconciled.",
-            ctx.queue.depth() as f64,
-        ),
-        (
-            "autonomic_watches_synced",
-            "1 once every watch has listed its objects.",
-            f64::from(u8::from(ctx.store.synced.is_synced())),
-        ),
-        (
-            "autonomic_agents",
-            "Agents in the cache.",
-            ctx.store.agents.count() as f64,
-        ),
-        (
-            "autonomic_tools",
-            "Tools in the cache.",
-            ctx.store.tools.count() as f64,
-        ),
-    ], &link.metrics)
+    ctx.metrics.render(
+        &[
+            (
+                "autonomic_managed",
+                "1 in managed mode: the manager holds a control-plane connection while leading.",
+                f64::from(u8::from(ctx.managed)),
+            ),
+            (
+                "autonomic_leader",
+                "1 while this replica holds the leader Lease and reconciles.",
+                f64::from(u8::from(ctx.metrics.leader.load(Relaxed))),
+            ),
+            (
+                "autonomic_queue_depth",
+                "Objects waiting to be reconciled.",
+                ctx.queue.depth() as f64,
+            ),
+            (
+                "autonomic_watches_synced",
+                "1 once every watch has listed its objects.",
+                f64::from(u8::from(ctx.store.synced.is_synced())),
+            ),
+            (
+                "autonomic_agents",
+                "Agents in the cache.",
+                ctx.store.agents.count() as f64,
+            ),
+            (
+                "autonomic_tools",
+                "Tools in the cache.",
+                ctx.store.tools.count() as f64,
+            ),
+        ],
+        |out| ctx.link.render(out),
+    )
 }
 
 #[cfg(test)]

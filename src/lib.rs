@@ -12,6 +12,7 @@ mod egress;
 mod health;
 mod leader;
 mod metrics;
+mod process;
 mod reconcile;
 mod store;
 mod text;
@@ -29,34 +30,24 @@ pub mod internals {
 }
 
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use config::Config;
 use tracing::Instrument;
 
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub use process::{VERSION, boot_id};
 
 /// Managed, how long after the wire form's lists the others wait at most for the first
 /// snapshot to be out (see `Store::later`).
 const LATER_BOUND: Duration = Duration::from_secs(5);
 
-/// This process's boot id, drawn once: `hello` and the Lease identity carry the same.
-pub fn boot_id() -> &'static str {
-    static BOOT_ID: OnceLock<String> = OnceLock::new();
-    BOOT_ID.get_or_init(audit::uuid_v4)
-}
-
 /// Why the manager stopped or a step failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{context}: {source}")]
-    Kube {
-        context: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error(transparent)]
+    Kube(#[from] cluster::Error),
     #[error("unable to load a Kubernetes client configuration (KUBECONFIG or in-cluster): {0}")]
     KubeConfig(String),
     #[error("probe server on {addr}: {source}")]
@@ -69,15 +60,6 @@ pub enum Error {
     TaskEnded(String),
     #[error("lost leadership: {0}")]
     LostLease(#[from] leader::Lost),
-}
-
-impl Error {
-    pub fn kube(context: impl Into<String>, source: kube::Error) -> Self {
-        Error::Kube {
-            context: context.into(),
-            source,
-        }
-    }
 }
 
 /// What runs only while this replica leads: the reconcile workers and the connector.
@@ -117,7 +99,7 @@ impl Term {
             connector.abort();
             let _ = connector.await;
         }
-        link.connected.store(false, Relaxed);
+        link.stopped();
         metrics.leader.store(false, Relaxed);
     }
 }

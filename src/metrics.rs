@@ -73,18 +73,6 @@ pub const PROCESS_SERIES: &[&str] = &[
 const RECONCILE_SECONDS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
-/// Change seen → delta written: deltas coalesce for 100 ms, so most fall below 0.15 s.
-const DELTA_SECONDS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-];
-/// Snapshot frames: about 1 KB per Agent, so 1 KiB to 64 MiB in powers of 4.
-const SNAPSHOT_BYTES: &[f64] = &[
-    1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0, 67108864.0,
-];
-const SNAPSHOT_SECONDS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
-
 /// A histogram of fixed buckets. `bounds` are the buckets' upper edges, ascending; a
 /// value equal to an edge falls in that bucket (Prometheus' `le`). Counts are per bucket,
 /// made cumulative when rendered; the last count is the overflow (`+Inf` only).
@@ -131,7 +119,7 @@ impl Histogram {
 
     /// The `_bucket`, `_sum` and `_count` lines; `labels` are the family's others
     /// (`kind="Agent"`), or empty. `_count` equals the `+Inf` bucket, always.
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
+    pub fn render(&self, out: &mut String, name: &str, labels: &str) {
         let sep = if labels.is_empty() { "" } else { "," };
         let mut cumulative = 0;
         for (i, count) in self.counts.iter().enumerate() {
@@ -158,182 +146,18 @@ impl Histogram {
     }
 }
 
-/// Why a control-plane session ended, as `autonomic_disconnects_total` counts it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Disconnect {
-    /// Nothing arrived, or nothing could be written, for 3 heartbeat intervals.
-    Dead,
-    /// The socket failed or ended without a close frame.
-    Dropped,
-    /// Closed by the control plane, for another reason than the two below.
-    Closed,
-    /// Closed by the control plane: a newer connection with the same token.
-    Evicted,
-    /// Closed by the control plane: the token is revoked.
-    Rejected,
-    /// The manager's own shutdown (or the loss of its Lease).
-    Shutdown,
-}
-
-impl Disconnect {
-    pub const ALL: [Disconnect; 6] = [
-        Disconnect::Dead,
-        Disconnect::Dropped,
-        Disconnect::Closed,
-        Disconnect::Evicted,
-        Disconnect::Rejected,
-        Disconnect::Shutdown,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Disconnect::Dead => "dead",
-            Disconnect::Dropped => "dropped",
-            Disconnect::Closed => "closed",
-            Disconnect::Evicted => "evicted",
-            Disconnect::Rejected => "rejected",
-            Disconnect::Shutdown => "shutdown",
-        }
-    }
-}
-
-/// Why a dial failed, as `autonomic_dial_failures_total` counts it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DialFailure {
-    /// The control plane's name did not resolve.
-    Dns,
-    /// TCP to the control plane failed.
-    Connect,
-    Tls,
-    /// The egress proxy failed or refused the tunnel.
-    Proxy,
-    /// The upgrade was answered with an HTTP status other than 401/403.
-    HttpStatus,
-    /// A step of the dial got no answer within its bound.
-    Timeout,
-    /// The upgrade was refused with 401 or 403, or no token could be read.
-    Token,
-    /// The peer answered, but not as a WebSocket server.
-    Handshake,
-}
-
-impl DialFailure {
-    pub const ALL: [DialFailure; 8] = [
-        DialFailure::Dns,
-        DialFailure::Connect,
-        DialFailure::Tls,
-        DialFailure::Proxy,
-        DialFailure::HttpStatus,
-        DialFailure::Timeout,
-        DialFailure::Token,
-        DialFailure::Handshake,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DialFailure::Dns => "dns",
-            DialFailure::Connect => "connect",
-            DialFailure::Tls => "tls",
-            DialFailure::Proxy => "proxy",
-            DialFailure::HttpStatus => "http_status",
-            DialFailure::Timeout => "timeout",
-            DialFailure::Token => "token",
-            DialFailure::Handshake => "handshake",
-        }
-    }
-}
-
-/// The control-plane connection's histograms and counters, kept by the connector.
-pub struct LinkMetrics {
-    /// From the first watch event that marked an object changed to the write of the
-    /// delta frame carrying it.
-    pub delta_latency: Histogram,
-    pub snapshot_bytes: Histogram,
-    /// Building and writing one snapshot frame.
-    pub snapshot_duration: Histogram,
-    disconnects: [AtomicU64; Disconnect::ALL.len()],
-    dial_failures: [AtomicU64; DialFailure::ALL.len()],
-}
-
-impl Default for LinkMetrics {
-    fn default() -> Self {
-        LinkMetrics {
-            delta_latency: Histogram::new(DELTA_SECONDS),
-            snapshot_bytes: Histogram::new(SNAPSHOT_BYTES),
-            snapshot_duration: Histogram::new(SNAPSHOT_SECONDS),
-            disconnects: Default::default(),
-            dial_failures: Default::default(),
-        }
-    }
-}
-
-impl LinkMetrics {
-    pub fn disconnected(&self, why: Disconnect) {
-        let i = Disconnect::ALL.iter().position(|d| *d == why).unwrap_or(0);
-        self.disconnects[i].fetch_add(1, Relaxed);
-    }
-
-    pub fn dial_failed(&self, why: DialFailure) {
-        let i = DialFailure::ALL.iter().position(|d| *d == why).unwrap_or(0);
-        self.dial_failures[i].fetch_add(1, Relaxed);
-    }
-
-    #[cfg(test)]
-    pub fn disconnects(&self, why: Disconnect) -> u64 {
-        let i = Disconnect::ALL.iter().position(|d| *d == why).unwrap_or(0);
-        self.disconnects[i].load(Relaxed)
-    }
-
-    #[cfg(test)]
-    pub fn dial_failures(&self, why: DialFailure) -> u64 {
-        let i = DialFailure::ALL.iter().position(|d| *d == why).unwrap_or(0);
-        self.dial_failures[i].load(Relaxed)
-    }
-
-    fn render(&self, out: &mut String) {
-        let reasons =
-            |out: &mut String, name: &str, help: &str, values: &[AtomicU64], labels: &[&str]| {
-                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-                for (value, reason) in values.iter().zip(labels) {
-                    let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {}", value.load(Relaxed));
-                }
-            };
-        reasons(
-            out,
-            "autonomic_disconnects_total",
-            "Control-plane sessions ended, by reason.",
-            &self.disconnects,
-            &Disconnect::ALL.map(Disconnect::as_str),
-        );
-        reasons(
-            out,
-            "autonomic_dial_failures_total",
-            "Dials of the control plane that failed, by reason.",
-            &self.dial_failures,
-            &DialFailure::ALL.map(DialFailure::as_str),
-        );
-        let histograms = [
-            (
-                "autonomic_delta_latency_seconds",
-                "From a watch event marking an object changed to the write of the delta frame carrying it.",
-                &self.delta_latency,
-            ),
-            (
-                "autonomic_snapshot_bytes",
-                "Size of the snapshot frames sent.",
-                &self.snapshot_bytes,
-            ),
-            (
-                "autonomic_snapshot_duration_seconds",
-                "Time to build and write a snapshot frame.",
-                &self.snapshot_duration,
-            ),
-        ];
-        for (name, help, h) in histograms {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-            h.render(out, name, "");
-        }
-    }
+/// One family of a single sample: a name ending in `_total` is a counter (Prometheus
+/// naming), any other a gauge.
+pub fn family(out: &mut String, name: &str, help: &str, value: f64) {
+    let kind = if name.ends_with("_total") {
+        "counter"
+    } else {
+        "gauge"
+    };
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+    );
 }
 
 pub struct Metrics {
@@ -368,11 +192,10 @@ impl Metrics {
         self.reconcile_duration[idx(kind)].observe_duration(took);
     }
 
-    /// The exposition text; `series` are sampled by the caller at scrape time. A name
-    /// ending in `_total` is a counter (Prometheus naming), any other a gauge. Then the
-    /// link's counters and histograms, and the process's own figures where the
-    /// platform has them.
-    pub fn render(&self, series: &[(&str, &str, f64)], link: &LinkMetrics) -> String {
+    /// The exposition text; `series` are sampled by the caller at scrape time (see
+    /// [`family`]), `more` writes the families of other parts (the link's). Then the
+    /// process's own figures where the platform has them.
+    pub fn render(&self, series: &[(&str, &str, f64)], more: impl FnOnce(&mut String)) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -414,17 +237,9 @@ impl Metrics {
             self.reconcile_duration[idx(kind)].render(&mut out, name, &format!("kind=\"{kind}\""));
         }
         for (name, help, value) in series {
-            let kind = if name.ends_with("_total") {
-                "counter"
-            } else {
-                "gauge"
-            };
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-            );
+            family(&mut out, name, help, *value);
         }
-        link.render(&mut out);
+        more(&mut out);
         if let Some(p) = process::read() {
             p.render(&mut out);
         }
@@ -608,41 +423,19 @@ mod tests {
 
     #[test]
     fn every_bucket_list_ascends() {
-        for b in [
-            RECONCILE_SECONDS,
-            DELTA_SECONDS,
-            SNAPSHOT_BYTES,
-            SNAPSHOT_SECONDS,
-        ] {
-            assert!(b.windows(2).all(|w| w[0] < w[1]), "{b:?}");
-        }
+        let b = RECONCILE_SECONDS;
+        assert!(b.windows(2).all(|w| w[0] < w[1]), "{b:?}");
     }
 
     #[test]
     fn durations_observe_in_seconds() {
-        let h = Histogram::new(DELTA_SECONDS);
+        let h = Histogram::new(&[0.05, 0.1, 0.15, 0.25]);
         h.observe_duration(Duration::from_millis(120));
         let mut out = String::new();
         h.render(&mut out, "d", "");
         assert!(out.contains("d_bucket{le=\"0.1\"} 0\n"), "{out}");
         assert!(out.contains("d_bucket{le=\"0.15\"} 1\n"), "{out}");
         assert!(out.contains("d_sum 0.12\n"), "{out}");
-    }
-
-    #[test]
-    fn reasons_are_counted_apart() {
-        let link = LinkMetrics::default();
-        link.disconnected(Disconnect::Evicted);
-        link.disconnected(Disconnect::Evicted);
-        link.dial_failed(DialFailure::HttpStatus);
-        let mut out = String::new();
-        link.render(&mut out);
-        assert!(out.contains("autonomic_disconnects_total{reason=\"evicted\"} 2\n"));
-        assert!(out.contains("autonomic_disconnects_total{reason=\"dead\"} 0\n"));
-        assert!(out.contains("autonomic_dial_failures_total{reason=\"http_status\"} 1\n"));
-        for d in DialFailure::ALL {
-            assert!(out.contains(&format!("{{reason=\"{}\"}}", d.as_str())));
-        }
     }
 
     // Taken from a real process; the command name holds a space and a parenthesis.

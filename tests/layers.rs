@@ -7,7 +7,7 @@ use std::path::Path;
 
 /// Lowest first. `lib.rs` (the application) sits above them all.
 const LAYERS: &[&[&str]] = &[
-    &["text", "crd", "egress", "backoff"],
+    &["text", "crd", "egress", "backoff", "process"],
     &["config", "audit", "metrics", "store"],
     &["cluster"],
     &["reconcile"],
@@ -15,11 +15,25 @@ const LAYERS: &[&[&str]] = &[
     &["health", "leader", "check"],
 ];
 
-fn layer(module: &str) -> usize {
+/// An item of `lib.rs` itself (`crate::VERSION`, `crate::Error`, `crate::boot_id`): the
+/// application, above every layer.
+const APP: usize = usize::MAX;
+
+fn layer(name: &str) -> usize {
+    if !is_module(name) {
+        return APP;
+    }
     LAYERS
         .iter()
-        .position(|l| l.contains(&module))
-        .unwrap_or_else(|| panic!("module {module} is in no layer: add it to LAYERS"))
+        .position(|l| l.contains(&name))
+        .unwrap_or_else(|| panic!("module {name} is in no layer: add it to LAYERS"))
+}
+
+/// Whether `crate::<name>` is a module of `src/` (a file or a folder), not an item of
+/// `lib.rs`.
+fn is_module(name: &str) -> bool {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    src.join(format!("{name}.rs")).is_file() || src.join(name).join("mod.rs").is_file()
 }
 
 /// The modules a source text names as `crate::<module>`, test code excluded.
@@ -34,12 +48,13 @@ fn uses(source: &str) -> BTreeSet<String> {
             !rest.starts_with('{'),
             "`crate::{{…}}` is not scanned: write one `use` per module"
         );
+        // Every name: a module's, or an item of `lib.rs` (`crate::VERSION`,
+        // `crate::Error`, `crate::boot_id()`), which is the application's.
         let name: String = rest
             .chars()
-            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
             .collect();
-        // `crate::VERSION`, `crate::Error`, `crate::boot_id()`: the application's items.
-        if !name.is_empty() && !rest[name.len()..].starts_with('(') && name != "boot_id" {
+        if !name.is_empty() {
             found.insert(name);
         }
     }
@@ -100,9 +115,13 @@ fn every_module_uses_only_lower_layers() {
 
 #[test]
 fn the_scan_sees_uses_and_skips_tests() {
-    let source = "use crate::store::Store;\nfn f() { crate::text::cap(); crate::boot_id(); }\n#[cfg(test)]\nmod tests { use crate::connect::x; }";
+    let source = "use crate::store::Store;\nfn f() { crate::text::cap(); crate::boot_id(); crate::VERSION; }\n#[cfg(test)]\nmod tests { use crate::connect::x; }";
     assert_eq!(
         uses(source).into_iter().collect::<Vec<_>>(),
-        ["store", "text"]
+        ["VERSION", "boot_id", "store", "text"]
     );
+    // The application's items are above every layer: a module naming one points up.
+    assert_eq!(layer("boot_id"), APP);
+    assert_eq!(layer("Error"), APP);
+    assert_eq!(layer("process"), 0);
 }

@@ -578,6 +578,110 @@ async fn control_plane_restart_and_sigterm() {
     }
 }
 
+/// The HTTP transport goes through the same dial loop as the socket: the Lease tells
+/// the standbys "connected" while the platform answers, and why not once it refuses or
+/// is gone; the disconnect and dial-failure counters move.
+#[tokio::test]
+async fn http_transport_tells_the_lease_and_counts_its_failures() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use support::fake_http::FakeReport;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "cp-http-link").await;
+    let cp = FakeReport::start().await;
+    let env = [
+        ("AUTONOMIC_MANAGED", "true"),
+        ("AUTONOMIC_TRANSPORT", "http"),
+        ("AUTONOMIC_BASE_URL", cp.url.as_str()),
+        ("AUTONOMIC_AUTH_TOKEN", TOKEN),
+        ("AUTONOMIC_BACKOFF_INITIAL_MS", "100"),
+        ("AUTONOMIC_BACKOFF_MAX_MS", "400"),
+        ("AUTONOMIC_LEADER_ELECTION", "true"),
+        ("POD_NAMESPACE", ns.name.as_str()),
+        ("POD_NAME", "http-0"),
+    ];
+    let m = Manager::start(&ns.name, &env);
+    m.wait_ready().await;
+    let leases: Api<Lease> = ns.api();
+    let link = || async {
+        leases
+            .get("autonomic-manager")
+            .await
+            .ok()
+            .and_then(|l| l.metadata.annotations?.remove("autonomic.sh/link"))
+            .unwrap_or_default()
+    };
+    let report = format!("{}/api/autonomic/report", cp.url);
+    let says = |text: String| {
+        let link = &link;
+        async move {
+            let now = link().await;
+            now.contains(&text).then_some(()).ok_or(now)
+        }
+    };
+    wait_until("the Lease says connected", || async {
+        says(format!("connected to {report} (token ")).await.is_ok()
+    })
+    .await;
+    assert_eq!(m.metric("autonomic_connected").await, 1.0);
+    let counted = |series: &'static str| {
+        let m = &m;
+        async move { m.metric(series).await }
+    };
+    let dropped = r#"autonomic_disconnects_total{reason="dropped"}"#;
+    let rejected = r#"autonomic_disconnects_total{reason="rejected"}"#;
+    let status = r#"autonomic_dial_failures_total{reason="http_status"}"#;
+    let token = r#"autonomic_dial_failures_total{reason="token"}"#;
+    let refused = r#"autonomic_dial_failures_total{reason="connect"}"#;
+    assert_eq!(counted(dropped).await, 0.0);
+    assert_eq!(counted(status).await, 0.0);
+
+    // The platform answers 503: the session ends (dropped), the redials fail (HTTP
+    // status), and the Lease says why.
+    cp.set_status(503);
+    wait_until("the Lease says HTTP 503", || async {
+        says(format!("not connected to {report}: refused with HTTP 503"))
+            .await
+            .is_ok()
+    })
+    .await;
+    assert!(counted(dropped).await >= 1.0);
+    assert!(counted(status).await >= 1.0);
+    assert_eq!(m.metric("autonomic_connected").await, 0.0);
+
+    // Back: connected again.
+    cp.set_status(200);
+    wait_until("the Lease says connected again", || async {
+        says(format!("connected to {report} (token ")).await.is_ok()
+    })
+    .await;
+    // The token refused in the middle of a session: a rejection, counted apart.
+    cp.set_status(401);
+    wait_until("the Lease says the token is rejected", || async {
+        says(format!(
+            "not connected to {report}: token rejected (HTTP 401)"
+        ))
+        .await
+        .is_ok()
+    })
+    .await;
+    assert!(counted(rejected).await >= 1.0);
+    assert!(counted(token).await >= 1.0);
+
+    // The platform gone: connection refused, on the Lease and counted.
+    cp.set_status(200);
+    wait_until("connected once more", || async {
+        says(format!("connected to {report} (token ")).await.is_ok()
+    })
+    .await;
+    drop(cp);
+    wait_until("the Lease says connection refused", || async {
+        says("connection refused".into()).await.is_ok()
+    })
+    .await;
+    assert!(counted(refused).await >= 1.0);
+    assert!(m.logs().contains("connection to the control plane failed"));
+}
+
 #[tokio::test]
 async fn legacy_http_transport_reports_and_takes_control() {
     use support::fake_http::FakeReport;

@@ -19,7 +19,6 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::Error;
 use crate::crd::PhaseStatus;
 use crate::store::{PodView, SecretView, is_owned_by};
 
@@ -29,6 +28,24 @@ mod identity;
 pub use identity::service_account;
 
 pub use events::phase_event;
+
+/// A request to the API server that failed in a way worth retrying, with what it was.
+#[derive(Debug, thiserror::Error)]
+#[error("{context}: {source}")]
+pub struct Error {
+    context: String,
+    #[source]
+    source: kube::Error,
+}
+
+impl Error {
+    pub fn kube(context: impl Into<String>, source: kube::Error) -> Self {
+        Error {
+            context: context.into(),
+            source,
+        }
+    }
+}
 
 /// The field manager of every server-side apply, and the Events' reporting controller.
 pub const FIELD_MANAGER: &str = "autonomic-manager";

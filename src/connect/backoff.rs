@@ -82,13 +82,9 @@ impl Reconnect {
         })
     }
 
-    /// How long to wait before the next dial, advancing that reason's schedule.
-    pub fn delay(&mut self, why: Retry) -> Duration {
-        self.delay_with(why, system_random)
-    }
-
-    /// [`Self::delay`] with injected randomness (see [`Backoff::next_delay_with`]).
-    pub fn delay_with(&mut self, why: Retry, random: impl FnMut() -> u64) -> Duration {
+    /// How long to wait before the next dial, advancing that reason's schedule; the
+    /// jitter is drawn from `random` (see [`Backoff::next_delay_with`]).
+    pub fn delay(&mut self, why: Retry, random: impl FnMut() -> u64) -> Duration {
         match why {
             Retry::Normal => self.normal.next_delay_with(random),
             Retry::Rejected => self.rejected.next_delay_with(random),
@@ -243,7 +239,9 @@ mod tests {
     #[test]
     fn system_randomness_stays_in_range_and_varies() {
         let mut reconnect = Reconnect::new(secs(60), secs(60), secs(1)).unwrap();
-        let delays: Vec<Duration> = (0..32).map(|_| reconnect.delay(Retry::Normal)).collect();
+        let delays: Vec<Duration> = (0..32)
+            .map(|_| reconnect.delay(Retry::Normal, system_random))
+            .collect();
         assert!(delays.iter().all(|d| *d <= secs(60)));
         assert!(delays.iter().any(|d| *d != delays[0]), "{delays:?}");
     }
@@ -267,19 +265,19 @@ mod tests {
         let mut reconnect = spec();
         let max = || u64::MAX;
         let delays: Vec<u64> = (0..8)
-            .map(|_| reconnect.delay_with(Retry::Normal, max).as_secs())
+            .map(|_| reconnect.delay(Retry::Normal, max).as_secs())
             .collect();
         assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60]);
         // Each reason grows on its own; eviction is fixed and un-jittered.
         let delays: Vec<u64> = (0..11)
-            .map(|_| reconnect.delay_with(Retry::Rejected, max).as_secs())
+            .map(|_| reconnect.delay(Retry::Rejected, max).as_secs())
             .collect();
         assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
-        assert_eq!(reconnect.delay_with(Retry::Evicted, || 0), secs(300));
-        assert_eq!(reconnect.delay(Retry::Evicted), secs(300));
+        assert_eq!(reconnect.delay(Retry::Evicted, || 0), secs(300));
+        assert_eq!(reconnect.delay(Retry::Evicted, system_random), secs(300));
         reconnect.reset();
-        assert_eq!(reconnect.delay_with(Retry::Normal, max), secs(1));
-        assert_eq!(reconnect.delay_with(Retry::Rejected, max), secs(1));
+        assert_eq!(reconnect.delay(Retry::Normal, max), secs(1));
+        assert_eq!(reconnect.delay(Retry::Rejected, max), secs(1));
 
         // Tuned for tests: the rejected cap keeps its ratio to the normal one.
         let mut fast = Reconnect::new(
@@ -293,10 +291,13 @@ mod tests {
             Duration::from_millis(200)
         );
         let delays: Vec<u128> = (0..6)
-            .map(|_| fast.delay_with(Retry::Rejected, max).as_millis())
+            .map(|_| fast.delay(Retry::Rejected, max).as_millis())
             .collect();
         assert_eq!(delays, [10, 20, 40, 80, 160, 200]);
-        assert_eq!(fast.delay(Retry::Evicted), Duration::from_millis(500));
+        assert_eq!(
+            fast.delay(Retry::Evicted, system_random),
+            Duration::from_millis(500)
+        );
     }
 
     #[test]

@@ -7,11 +7,12 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::Context;
-use crate::audit::{AuditAction, AuditDetail, AuditEvent, AuditTarget, now_rfc3339, uuid_v4};
+use crate::audit::{AuditAction, AuditDetail, AuditEvent, AuditTarget, now_rfc3339};
 use crate::connect::frame::{
     Control, ControlAction, ControlResult, Frame, IoClose, IoOpen, PartialIoOpen,
 };
 use crate::crd::{Agent, Kind, Tool};
+use crate::process::uuid_v4;
 use crate::reconcile::{agent, tool};
 
 /// How long one `control` may wait for the API server before it is answered `ok: false`.

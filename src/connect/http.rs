@@ -1,9 +1,9 @@
 //! The legacy HTTP transport (PROTOCOL.md §8): no socket; frames are `POST`ed as a JSON
 //! array to `<base>/api/autonomic/report` and the answer carries the control plane's
-//! frames. Shares the codec, the wire form, control handling and the audit queue.
+//! frames. Shares the dial loop (and so the link's state, metrics and Events), the
+//! codec, the wire form, control handling and the audit queue.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -11,13 +11,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::Context;
-use super::backoff::{Reconnect, Retry};
-use super::frame::{self, Frame};
+use super::dial::Transport;
+use super::frame::{self, Audit, ControlResult, Delta, Frame, Heartbeat, Snapshot};
+use super::session::End;
 use super::socket::{DialError, tcp, tls, tls_config};
-use super::{control, read_token, wire};
+use super::{control, wire};
 use crate::audit::now_rfc3339;
-use crate::config::Token;
-use crate::connect::frame::{Audit, ControlResult, Delta, Heartbeat, Snapshot};
+use crate::config::{Config, Token};
 
 /// A control plane that accepts and never answers must not stall reporting.
 const POST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -47,7 +47,7 @@ async fn post(ctx: &Context, token: &Token, body: &str) -> Result<(u16, Vec<u8>)
         url.path,
         url.authority(),
         token.expose(),
-        crate::VERSION,
+        crate::process::VERSION,
         body.len()
     );
     let io = |e: std::io::Error| DialError::Connect {
@@ -64,9 +64,9 @@ async fn post(ctx: &Context, token: &Token, body: &str) -> Result<(u16, Vec<u8>)
         .await
         .map_err(io)?;
     if answer.len() > MAX_ANSWER {
-        return Err(DialError::Handshake("answer larger than 16 MiB".into()));
+        return Err(DialError::Report("answer larger than 16 MiB".into()));
     }
-    into_body(answer).map_err(|e| DialError::Handshake(format!("bad HTTP answer: {e}")))
+    into_body(answer).map_err(|e| DialError::Report(format!("not HTTP: {e}")))
 }
 
 /// Where an answer's body is.
@@ -261,8 +261,9 @@ impl<'a> Iterator for Elements<'a> {
     }
 }
 
-/// What a report cycle keeps between posts.
-struct Reporter {
+/// What the report cycle keeps between posts, and across sessions: answers to the
+/// control plane not delivered yet go with the next good post.
+pub struct Http {
     seq: u64,
     /// Frames waiting for the next post (control results, answers to the cp).
     outbox: Vec<Frame>,
@@ -270,35 +271,146 @@ struct Reporter {
     heartbeat: Duration,
     snapshot_every: Duration,
     last_snapshot: Instant,
-    /// When the changes in the pending delta were first marked, for the delta latency
-    /// once the post carrying it succeeds.
-    marked: Vec<Instant>,
+    last_post: Instant,
 }
 
-impl Reporter {
+impl Default for Http {
+    fn default() -> Self {
+        let defaults = frame::Welcome::defaults();
+        Http {
+            seq: 0,
+            outbox: Vec::new(),
+            welcomed: false,
+            heartbeat: defaults.heartbeat_interval(),
+            snapshot_every: defaults.snapshot_interval(),
+            last_snapshot: Instant::now(),
+            last_post: Instant::now(),
+        }
+    }
+}
+
+/// What one post carried that is counted once it is delivered.
+#[derive(Default)]
+struct Carried {
+    /// The snapshot's size and the time it took to build.
+    snapshot: Option<(usize, Duration)>,
+    /// When the delta's changes were first marked.
+    delta: Option<Vec<Instant>>,
+}
+
+impl Http {
     fn snapshot(&mut self, ctx: &Context) -> Frame {
         ctx.link.take_dirty();
         self.seq += 1;
         self.last_snapshot = Instant::now();
-        ctx.link.snapshots_sent.fetch_add(1, Relaxed);
         Frame::Snapshot(Snapshot {
             seq: self.seq,
             resources: wire::all(ctx),
         })
     }
 
-    fn delta(&mut self, ctx: &Context) -> Option<Frame> {
-        let (changes, marked) = wire::pending_changes(ctx);
-        if changes.is_empty() {
-            return None;
+    /// The frames of the next post, written: `hello` and a snapshot when `hello` is
+    /// given, else a snapshot when due or the pending delta; then the answers waiting and
+    /// the audit queue; a heartbeat when nothing else goes or one is due.
+    fn frames(
+        &mut self,
+        ctx: &Context,
+        hello: Option<&Frame>,
+        carried: &mut Carried,
+    ) -> (Vec<String>, Vec<Frame>, Vec<crate::audit::AuditEvent>) {
+        let mut texts = Vec::new();
+        let started = Instant::now();
+        let snapshot = if let Some(hello) = hello {
+            self.seq = 0;
+            texts.push(frame::encode(hello));
+            Some(self.snapshot(ctx))
+        } else if self.last_snapshot.elapsed() >= self.snapshot_every {
+            Some(self.snapshot(ctx))
+        } else {
+            None
+        };
+        if let Some(s) = snapshot {
+            let text = frame::encode(&s);
+            carried.snapshot = Some((text.len(), started.elapsed()));
+            texts.push(text);
+        } else {
+            let (changes, marked) = wire::pending_changes(ctx);
+            if !changes.is_empty() {
+                self.seq += 1;
+                let delta = Frame::Delta(Delta {
+                    seq: self.seq,
+                    changes,
+                });
+                texts.push(frame::encode(&delta));
+                carried.delta = Some(marked);
+            }
         }
-        self.marked = marked;
-        self.seq += 1;
-        ctx.link.deltas_sent.fetch_add(1, Relaxed);
-        Some(Frame::Delta(Delta {
-            seq: self.seq,
-            changes,
-        }))
+        let answers = std::mem::take(&mut self.outbox);
+        texts.extend(answers.iter().map(frame::encode));
+        let audits = ctx.link.audit.drain();
+        for event in &audits {
+            texts.push(frame::encode(&Frame::Audit(Audit {
+                event: event.clone(),
+            })));
+        }
+        if texts.is_empty() || self.last_post.elapsed() >= self.heartbeat {
+            texts.push(frame::encode(&Frame::Heartbeat(Heartbeat {
+                sent_at: now_rfc3339(),
+            })));
+        }
+        (texts, answers, audits)
+    }
+
+    /// One report: posts the next frames and checks the answer. Not delivered, the
+    /// answers and audits go back, and the next post starts over with `hello`.
+    async fn report(
+        &mut self,
+        ctx: &Context,
+        token: &Token,
+        hello: Option<&Frame>,
+    ) -> Result<Answer, DialError> {
+        let mut carried = Carried::default();
+        let (texts, answers, audits) = self.frames(ctx, hello, &mut carried);
+        let body = format!("[{}]", texts.join(","));
+        drop(texts);
+        let posted = tokio::time::timeout(POST_TIMEOUT, post(ctx, token, &body))
+            .await
+            .unwrap_or_else(|_| {
+                Err(DialError::Timeout(
+                    "no answer to a report within 30 s".into(),
+                ))
+            });
+        let answer = posted.and_then(|(status, answer)| match status {
+            200 => checked(answer)
+                .map_err(|e| DialError::Report(format!("not a JSON array of frames: {e}"))),
+            401 | 403 => Err(DialError::Rejected {
+                status,
+                prefix: token.prefix(),
+            }),
+            404 => Err(DialError::NotFound {
+                url: ctx.config.base_url.endpoint(false, "report"),
+            }),
+            status => Err(DialError::Http(status)),
+        });
+        match &answer {
+            Ok(_) => {
+                self.last_post = Instant::now();
+                let link = &ctx.link;
+                link.sent(body.len());
+                if let Some((bytes, took)) = carried.snapshot {
+                    link.snapshot_sent(bytes, took);
+                }
+                if let Some(marked) = carried.delta {
+                    link.delta_sent(&marked);
+                }
+            }
+            Err(_) => {
+                self.outbox.splice(0..0, answers);
+                ctx.link.audit.requeue(audits);
+                self.welcomed = false;
+            }
+        }
+        answer
     }
 
     /// Acts on the frames of an answer (checked by [`checked`]), decoding one at a time:
@@ -374,7 +486,7 @@ impl Reporter {
 }
 
 /// An answer whose text is UTF-8 and a JSON array (see [`checked`]).
-struct Answer(Vec<u8>);
+pub struct Answer(Vec<u8>);
 
 impl Answer {
     fn text(&self) -> &str {
@@ -391,147 +503,71 @@ fn checked(body: Vec<u8>) -> Result<Answer, String> {
     Ok(Answer(body))
 }
 
-/// Reports until `shutdown` turns true.
-pub async fn run(
-    ctx: Arc<Context>,
-    hello: Frame,
-    mut shutdown: watch::Receiver<bool>,
-    mut reconnect: Reconnect,
-) {
-    let config = ctx.config.clone();
-    let link = ctx.link.clone();
-    let mut r = Reporter {
-        seq: 0,
-        outbox: Vec::new(),
-        welcomed: false,
-        heartbeat: Duration::from_secs(15),
-        snapshot_every: Duration::from_secs(300),
-        last_snapshot: Instant::now(),
-        marked: Vec::new(),
-    };
-    let mut last_post = Instant::now();
-    loop {
-        if *shutdown.borrow() {
-            return;
-        }
-        // Build this post: hello + snapshot when not welcomed yet, else deltas & co.
-        let mut frames = Vec::new();
-        if !r.welcomed {
-            r.seq = 0;
-            frames.push(hello.clone());
-            frames.push(r.snapshot(&ctx));
-        } else if r.last_snapshot.elapsed() >= r.snapshot_every {
-            frames.push(r.snapshot(&ctx));
-        } else if let Some(d) = r.delta(&ctx) {
-            frames.push(d);
-        }
-        let answers = std::mem::take(&mut r.outbox);
-        frames.extend(answers.iter().cloned());
-        let audits = link.audit.drain();
-        frames.extend(
-            audits
-                .iter()
-                .cloned()
-                .map(|event| Frame::Audit(Audit { event })),
-        );
-        if frames.is_empty() || last_post.elapsed() >= r.heartbeat {
-            frames.push(Frame::Heartbeat(Heartbeat {
-                sent_at: now_rfc3339(),
-            }));
-        }
-        let body = format!(
-            "[{}]",
-            frames
-                .iter()
-                .map(frame::encode)
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        let outcome = match read_token(&config) {
-            Err(e) => Err((
-                format!("cannot read the deployment token: {e}"),
-                Retry::Normal,
-            )),
-            Ok(token) => match tokio::time::timeout(POST_TIMEOUT, post(&ctx, &token, &body))
-                .await
-                .unwrap_or_else(|_| Err(DialError::Handshake("no answer within 30 s".into())))
-            {
-                Ok((200, answer)) => match checked(answer) {
-                    Ok(answer) => {
-                        link.bytes_sent.fetch_add(body.len() as u64, Relaxed);
-                        Ok(answer)
+impl Transport for Http {
+    type Conn = (Token, Answer);
+    const SHELLS: bool = false;
+
+    fn url(config: &Config) -> String {
+        config.base_url.endpoint(false, "report")
+    }
+
+    /// The first report: `hello` and a snapshot.
+    async fn dial(
+        &mut self,
+        ctx: &Arc<Context>,
+        token: &Token,
+        hello: &Frame,
+    ) -> Result<Self::Conn, DialError> {
+        self.welcomed = false;
+        let answer = self.report(ctx, token, Some(hello)).await?;
+        Ok((token.clone(), answer))
+    }
+
+    /// Posts at most 1 s after a change (100 ms, as deltas coalesce) and at least every
+    /// heartbeat interval, until a post fails. Until a `welcome` comes, each post starts
+    /// over with `hello` and a snapshot.
+    async fn session(
+        &mut self,
+        ctx: &Arc<Context>,
+        (token, first): Self::Conn,
+        hello: Frame,
+        shutdown: &mut watch::Receiver<bool>,
+        up: impl FnOnce(bool) + Send,
+    ) -> End {
+        self.absorb(ctx, first).await;
+        up(self.welcomed);
+        let link = &ctx.link;
+        loop {
+            if self.outbox.is_empty() {
+                let until_heartbeat = self.heartbeat.saturating_sub(self.last_post.elapsed());
+                tokio::select! {
+                    _ = link.dirty_notify.notified() => {
+                        tokio::time::sleep(COALESCE.min(until_heartbeat)).await;
                     }
-                    Err(e) => Err((
-                        format!("answer is not a JSON array of frames: {e}"),
-                        Retry::Normal,
-                    )),
-                },
-                Ok((401 | 403, _)) => Err((
-                    format!("token rejected for token {}…", token.prefix()),
-                    Retry::Rejected,
-                )),
-                Ok((404, _)) => Err((
-                    "no control plane at the report URL (HTTP 404): check AUTONOMIC_BASE_URL"
-                        .into(),
-                    Retry::Normal,
-                )),
-                Ok((status, _)) => {
-                    Err((format!("report refused with HTTP {status}"), Retry::Normal))
-                }
-                Err(e) => Err((
-                    e.to_string(),
-                    e.status()
-                        .map(Retry::for_upgrade_status)
-                        .unwrap_or(Retry::Normal),
-                )),
-            },
-        };
-        let wait = match outcome {
-            Ok(answer) => {
-                last_post = Instant::now();
-                link.deltas_written(&std::mem::take(&mut r.marked));
-                r.absorb(&ctx, answer).await;
-                link.connected.store(r.welcomed, Relaxed);
-                if r.welcomed {
-                    reconnect.reset();
-                }
-                None
-            }
-            Err((why, retry)) => {
-                tracing::warn!(error = %why, "report to the control plane failed");
-                // Not delivered: answers and audits go back; the next good post starts over
-                // with hello and a snapshot, then carries them.
-                r.outbox.splice(0..0, answers);
-                link.audit.requeue(audits);
-                link.connected.store(false, Relaxed);
-                // The next post is a snapshot: the delta's changes are in it.
-                r.marked.clear();
-                r.welcomed = false;
-                Some(reconnect.delay(retry))
-            }
-        };
-        match wait {
-            Some(delay) => {
-                link.reconnects.fetch_add(1, Relaxed);
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.changed() => return,
-                }
-            }
-            None if !r.outbox.is_empty() => {}
-            None => {
-                // Post again at most 1 s after a change, and at least every heartbeat.
-                let until_heartbeat = r.heartbeat.saturating_sub(last_post.elapsed());
-                tokio::select! {
-                    _ = link.dirty_notify.notified() => tokio::time::sleep(Duration::from_millis(100).min(until_heartbeat)).await,
                     _ = link.audit.notify.notified() => {}
                     _ = tokio::time::sleep(until_heartbeat) => {}
-                    _ = shutdown.changed() => return,
+                    _ = shutdown.changed() => return End::Shutdown,
                 }
+            }
+            if *shutdown.borrow() {
+                return End::Shutdown;
+            }
+            let hello = (!self.welcomed).then_some(&hello);
+            match self.report(ctx, &token, hello).await {
+                Ok(answer) => self.absorb(ctx, answer).await,
+                Err(e @ DialError::Rejected { .. }) => return End::Rejected(e.to_string()),
+                Err(DialError::Timeout(e)) => {
+                    tracing::warn!(error = %e, "the control plane did not answer a report: reconnecting");
+                    return End::Dead;
+                }
+                Err(e) => return End::Dropped(e.to_string()),
             }
         }
     }
 }
+
+/// Changes after a quiet spell wait this long for the ones that follow them.
+const COALESCE: Duration = Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {
@@ -612,14 +648,9 @@ mod tests {
     #[tokio::test]
     async fn one_snapshot_answers_every_resync_of_an_answer() {
         let ctx = crate::connect::test_context();
-        let mut r = Reporter {
-            seq: 0,
-            outbox: Vec::new(),
+        let mut r = Http {
             welcomed: true,
-            heartbeat: Duration::from_secs(15),
-            snapshot_every: Duration::from_secs(300),
-            last_snapshot: Instant::now(),
-            marked: Vec::new(),
+            ..Http::default()
         };
         let mut text = String::from("[");
         for i in 0..10_000 {

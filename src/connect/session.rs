@@ -36,8 +36,11 @@ pub enum End {
     /// Nothing arrived for 3 heartbeat intervals, or a frame could not be written
     /// within that bound (a peer that stopped reading, a half-open connection).
     Dead,
-    /// The socket failed or ended without a close frame.
+    /// The socket failed or ended without a close frame; a report failed.
     Dropped(String),
+    /// The control plane refused the token in the middle of a session (a report
+    /// answered 401 or 403): revoked.
+    Rejected(String),
 }
 
 /// At most one delta per window: a change after a quiet window leaves at once, changes
@@ -146,9 +149,7 @@ impl<S: Transport> Conn<'_, S> {
     }
 
     async fn send_message(&mut self, message: Message) -> Result<(), End> {
-        self.link()
-            .bytes_sent
-            .fetch_add(message.len() as u64, Relaxed);
+        self.link().sent(message.len());
         let bound = self.write_bound;
         let mut shutdown = self.shutdown.clone();
         let written = self.written.clone();
@@ -191,13 +192,7 @@ impl<S: Transport> Conn<'_, S> {
         let bytes = self
             .send_pieces(pieces.map(|(p, last)| (Bytes::from(p), last)))
             .await?;
-        let metrics = &self.link().metrics;
-        metrics.snapshot_bytes.observe(bytes as f64);
-        metrics
-            .snapshot_duration
-            .observe_duration(started.elapsed());
-        let sent = self.link().snapshots_sent.fetch_add(1, Relaxed);
-        if sent == 0 {
+        if self.link().snapshot_sent(bytes, started.elapsed()) {
             tracing::info!(
                 seq = self.seq,
                 bytes,
@@ -221,8 +216,7 @@ impl<S: Transport> Conn<'_, S> {
             changes,
         }))
         .await?;
-        self.link().deltas_written(&marked);
-        self.link().deltas_sent.fetch_add(1, Relaxed);
+        self.link().delta_sent(&marked);
         Ok(())
     }
 
@@ -305,7 +299,7 @@ impl<S: Transport> Conn<'_, S> {
         message: String,
         reference: Option<String>,
     ) -> Result<(), End> {
-        self.link().frames_rejected.fetch_add(1, Relaxed);
+        self.link().frame_rejected();
         let frame = Frame::Error(ErrorFrame {
             code: code.into(),
             message,
@@ -332,8 +326,7 @@ impl<S: Transport> Conn<'_, S> {
             }
             Some(Ok(Message::Pong(_))) => {
                 if let Some(sent) = self.ping_sent.take() {
-                    let rtt = sent.elapsed().as_micros() as u64;
-                    self.link().heartbeat_rtt_us.store(rtt.max(1), Relaxed);
+                    self.link().heartbeat_rtt(sent.elapsed());
                 }
                 Ok(())
             }
@@ -407,7 +400,7 @@ impl<S: Transport> Conn<'_, S> {
     /// Answers a frame that failed to decode with `error` (§3), and a malformed `io_open`
     /// also on its channel when that can be read (`io_close` `denied`).
     async fn send_bad(&mut self, e: &frame::DecodeError) -> Result<(), End> {
-        self.link().frames_rejected.fetch_add(1, Relaxed);
+        self.link().frame_rejected();
         self.send(&Frame::bad_frame(e)).await?;
         match self.shells.refuse_malformed(self.ctx, e) {
             Some(close) => self.send(&close).await,
@@ -1135,7 +1128,7 @@ mod tests {
         }
         assert_eq!(names(next_frame(&mut cp).await), ["a", "b", "c"]);
         assert_eq!(Instant::now() - t, ms(100));
-        assert_eq!(link.deltas_sent.load(Relaxed), 1);
+        assert_eq!(link.deltas(), 1);
 
         // A change 20 ms after that delta waits for its window's end: 100 ms after it.
         let delta_at = Instant::now();
@@ -1153,13 +1146,13 @@ mod tests {
 
         // Each change's latency, from its mark to its delta's write: 100, 90 and 50 ms
         // in the first, 80 ms, then 0.
-        let latency = &link.metrics.delta_latency;
+        let (latency, snapshot_bytes, snapshot_duration) = link.histograms();
         assert_eq!(latency.count(), 5);
         assert!((latency.sum() - 0.32).abs() < 1e-9, "{}", latency.sum());
         // The snapshot's size and time were observed too.
-        assert_eq!(link.metrics.snapshot_bytes.count(), 1);
-        assert!(link.metrics.snapshot_bytes.sum() > 20.0);
-        assert_eq!(link.metrics.snapshot_duration.count(), 1);
+        assert_eq!(snapshot_bytes.count(), 1);
+        assert!(snapshot_bytes.sum() > 20.0);
+        assert_eq!(snapshot_duration.count(), 1);
         stopped(cp, stop, task).await;
     }
 
@@ -1579,7 +1572,7 @@ mod tests {
             15 * 65_536,
             "the closed session's memory is given back"
         );
-        assert_eq!(ctx.link.sessions_open.load(Relaxed), 15);
+        assert_eq!(ctx.link.shells_open(), 15);
         stopped(cp, stop, task).await;
     }
 
@@ -1686,7 +1679,7 @@ mod tests {
         assert_eq!(Instant::now(), asked);
         assert_eq!((close.channel, close.exit_code), (1, Some(129)));
         assert!(after <= 65, "{after} flood frames after io_close");
-        assert_eq!(ctx.link.sessions_open.load(Relaxed), 1);
+        assert_eq!(ctx.link.shells_open(), 1);
         stopped(cp, stop, task).await;
     }
 }

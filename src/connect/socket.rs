@@ -15,12 +15,12 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use super::progress::Progress;
 
+use super::link::DialFailure;
 use crate::config::{Config, Token};
 #[cfg(test)]
 use crate::connect::frame::{IO_HEADER_LEN, MAX_FRAME_BYTES, MAX_IO_PAYLOAD};
 use crate::connect::frame::{MAX_MESSAGE_BYTES, SUBPROTOCOL};
 use crate::egress::Proxy;
-use crate::metrics::DialFailure;
 
 pub type Socket = WebSocketStream<MaybeTlsStream<Progress<TcpStream>>>;
 
@@ -35,7 +35,7 @@ pub enum DialError {
     Rejected { status: u16, prefix: String },
     #[error("no control plane at {url} (HTTP 404): check AUTONOMIC_BASE_URL")]
     NotFound { url: String },
-    #[error("upgrade refused with HTTP {0}")]
+    #[error("refused with HTTP {0}")]
     Http(u16),
     #[error("cannot connect to {target}: {reason}")]
     Connect { target: String, reason: String },
@@ -61,6 +61,9 @@ pub enum DialError {
     UnknownCa(String),
     #[error("WebSocket handshake failed: {0}")]
     Handshake(String),
+    /// A report's answer (HTTP transport) that is not what §8 says.
+    #[error("bad report answer: {0}")]
+    Report(String),
 }
 
 impl DialError {
@@ -82,7 +85,7 @@ impl DialError {
             DialError::Timeout(_) => DialFailure::Timeout,
             DialError::Proxy { .. } | DialError::ProxyRefused { .. } => DialFailure::Proxy,
             DialError::Tls(_) | DialError::UnknownCa(_) => DialFailure::Tls,
-            DialError::Handshake(_) => DialFailure::Handshake,
+            DialError::Handshake(_) | DialError::Report(_) => DialFailure::Handshake,
         }
     }
 }

@@ -555,7 +555,7 @@ pub fn of(ctx: &Context, kind: Kind, ns: &str, name: &str) -> Option<Value> {
 
 /// The changes noted since the last snapshot or delta, each as the object's newest
 /// state, or its removal when it is gone; and when each was first marked, for
-/// [`super::Link::deltas_written`] once the delta is out.
+/// [`super::Link::delta_sent`] once the delta is out.
 pub fn pending_changes(
     ctx: &Context,
 ) -> (

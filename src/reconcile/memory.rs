@@ -12,7 +12,7 @@ use super::common;
 use super::offer;
 use super::problem::{self, Problem};
 use super::{Context, Outcome};
-use crate::Error;
+use crate::cluster::Error;
 use crate::cluster::Written;
 use crate::crd::{Kind, Memory, MemoryPhase, MemoryStatus, Reason};
 

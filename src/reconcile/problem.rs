@@ -1,7 +1,7 @@
 //! Why a custom resource cannot get what it asks for: the reconcile layer's domain
 //! errors, one enum for the four kinds. `Display` is the status message; [`Problem::reason`]
 //! the `Ready` condition's (and the Event's) reason. Transient failures (the API server
-//! unreachable) are not here: they are `crate::Error` and retried.
+//! unreachable) are not here: they are `cluster::Error` and retried.
 
 use super::podsecurity::Violation;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -7,7 +7,7 @@ use kube::ResourceExt;
 use super::common;
 use super::problem::{self, Problem};
 use super::{Context, Outcome};
-use crate::Error;
+use crate::cluster::Error;
 use crate::crd::{Reason, Runtime, RuntimePhase, RuntimeStatus};
 
 /// A usable template: an image, and the spec kept (TRUST.md §3; a stub is `Invalid`,

@@ -22,7 +22,7 @@ use super::offer;
 use super::podsecurity::{self, Level};
 use super::problem::{self, Problem};
 use super::{Context, Outcome, demand};
-use crate::Error;
+use crate::cluster::Error;
 use crate::crd::{Kind, Reason, Tool, ToolPhase, ToolStatus};
 use crate::store::{Oversized, PodView};
 

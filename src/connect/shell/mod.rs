@@ -16,7 +16,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -29,7 +28,8 @@ use super::Context;
 use super::frame::{
     DEFAULT_TERMINAL, DecodeError, Frame, IoClose, IoOpen, IoOpened, IoResize, Stream,
 };
-use crate::audit::{AuditAction, AuditDetail, AuditEvent, AuditTarget, now_rfc3339, uuid_v4};
+use crate::audit::{AuditAction, AuditDetail, AuditEvent, AuditTarget, now_rfc3339};
+use crate::process::uuid_v4;
 
 mod authorize;
 mod exec;
@@ -159,7 +159,7 @@ impl Shells {
         };
         let span = tracing::info_span!("shell", channel = o.channel, session_id = %o.session_id);
         let task = tokio::spawn((self.runner)(exec).instrument(span));
-        ctx.link.sessions_open.fetch_add(1, Relaxed);
+        ctx.link.shell_opened();
         self.open.insert(
             o.channel,
             Session {
@@ -343,7 +343,7 @@ pub enum Outgoing {
 
 /// Audits the close, updates the gauge, and returns the `io_close` to send.
 fn finish(ctx: &Context, s: Session, exit: Exit) -> Frame {
-    ctx.link.sessions_open.fetch_sub(1, Relaxed);
+    ctx.link.shell_closed();
     let duration_ms = s.started.elapsed().as_millis() as u64;
     // The audit says which bound an overflow broke; the `io_close` says `overflow`.
     let audited = match &s.overflow {

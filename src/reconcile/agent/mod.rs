@@ -15,7 +15,7 @@ use super::offer;
 use super::problem::{self, Problem};
 use super::roll::Admit;
 use super::{Context, Outcome};
-use crate::Error;
+use crate::cluster::Error;
 use crate::crd::{
     Agent, AgentPhase, AgentStatus, Key, Kind, Memory, MemoryRef, Reason, Runtime, Tool,
 };
