@@ -13,6 +13,7 @@ mod health;
 mod leader;
 mod metrics;
 mod process;
+mod protocol;
 mod reconcile;
 mod store;
 mod text;
@@ -21,9 +22,9 @@ mod text;
 /// one: every other module is private, so the compiler reports what nothing uses.
 #[doc(hidden)]
 pub mod internals {
-    pub use crate::connect::frame::{Frame, Snapshot, Stream, decode_io, encode, encode_io};
-    pub use crate::connect::wire::snapshot_text_of;
     pub use crate::metrics::{HISTOGRAMS, PROCESS_SERIES, SERIES};
+    pub use crate::protocol::frame::{Frame, Snapshot, Stream, decode, decode_io, encode, encode_io};
+    pub use crate::protocol::wire::snapshot_text_of;
     pub use crate::reconcile::agent::{AgentletDefaults, desired_pod as agent_pod};
     pub use crate::reconcile::tool::{IDLE, desired_pod as tool_pod};
     pub use crate::store::{PodView, SecretView, trim};

@@ -9,7 +9,7 @@ use std::path::Path;
 const LAYERS: &[&[&str]] = &[
     &["text", "crd", "egress", "backoff", "process"],
     &["config", "audit", "metrics", "store"],
-    &["cluster"],
+    &["cluster", "protocol"],
     &["reconcile"],
     &["connect"],
     &["health", "leader", "check"],

@@ -2,7 +2,7 @@
 //! decodes survives a round trip, and every refusal yields a valid `error` answer.
 #![no_main]
 
-use autonomic_manager::connect::frame::{self, Frame};
+use autonomic_manager::internals::{self as frame, Frame};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 

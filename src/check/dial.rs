@@ -247,7 +247,7 @@ async fn report_upgrade(
                 "websocket",
                 format!(
                     "{endpoint} upgraded ({})",
-                    crate::connect::frame::SUBPROTOCOL
+                    crate::protocol::frame::SUBPROTOCOL
                 ),
             ));
             report.line(Line::ok("token", format!("accepted ({}…)", token.prefix())));

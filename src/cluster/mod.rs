@@ -19,7 +19,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::crd::PhaseStatus;
+use crate::crd::{Agent, Kind, PhaseStatus, Tool};
 use crate::store::{PodView, SecretView, is_owned_by};
 
 mod events;
@@ -420,6 +420,41 @@ impl Kube {
             Err(e) if matches!(api_status(&e), Some(404 | 409)) => Ok(()),
             Err(e) => Err(Error::kube(format!("unable to delete pod {ns}/{name}"), e)),
         }
+    }
+
+    /// Merge-patches `spec` of an Agent or a Tool (the control actions pause and resume).
+    pub async fn patch_spec(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+        spec: serde_json::Value,
+    ) -> Result<(), Error> {
+        let patch = Patch::Merge(serde_json::json!({ "spec": spec }));
+        let pp = PatchParams::default();
+        let patched = match kind {
+            Kind::Agent => self
+                .api::<Agent>(ns)
+                .patch(name, &pp, &patch)
+                .await
+                .map(drop),
+            _ => self
+                .api::<Tool>(ns)
+                .patch(name, &pp, &patch)
+                .await
+                .map(drop),
+        };
+        patched.map_err(|e| Error::kube(format!("{kind} {ns}/{name}"), e))
+    }
+
+    /// Deletes an Agent or a Tool in the background (the control action delete).
+    pub async fn delete_object(&self, kind: Kind, ns: &str, name: &str) -> Result<(), Error> {
+        let dp = DeleteParams::background();
+        let deleted = match kind {
+            Kind::Agent => self.api::<Agent>(ns).delete(name, &dp).await.map(drop),
+            _ => self.api::<Tool>(ns).delete(name, &dp).await.map(drop),
+        };
+        deleted.map_err(|e| Error::kube(format!("{kind} {ns}/{name}"), e))
     }
 
     pub async fn get_secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, Error> {

@@ -3,17 +3,15 @@
 
 use std::time::Duration;
 
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::Context;
 use crate::audit::{AuditAction, AuditDetail, AuditEvent, AuditTarget, now_rfc3339};
-use crate::connect::frame::{
+use crate::crd::{Agent, Kind};
+use crate::process::uuid_v4;
+use crate::protocol::frame::{
     Control, ControlAction, ControlResult, Frame, IoClose, IoOpen, PartialIoOpen,
 };
-use crate::crd::{Agent, Kind, Tool};
-use crate::process::uuid_v4;
-use crate::reconcile::{agent, tool};
 
 /// How long one `control` may wait for the API server before it is answered `ok: false`.
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -145,10 +143,10 @@ fn allowed(actions: &[&str], action: ControlAction) -> Result<(), String> {
 /// Why `restart` cannot do what it says for this Agent, if it cannot: a finished Agent
 /// (`Succeeded`/`Failed` under `restartPolicy` `OnFailure`/`Never`, for its current
 /// generation) gets no new pod when its pod is deleted (the reconciler's own rule,
-/// [`agent::finished`]), so deleting it would only lose its logs. Refused instead, with
+/// [`Agent::finished`]), so deleting it would only lose its logs. Refused instead, with
 /// `ok: false`: the protocol's `control_result` has no other way to say "not done".
 pub fn restart_refusal(a: &Agent) -> Option<String> {
-    if !agent::finished(a) {
+    if !a.finished() {
         return None;
     }
     let phase = a
@@ -192,14 +190,13 @@ pub async fn execute(ctx: &Context, c: &Control) -> Result<String, String> {
             let tl = ctx.store.tools.get(&t.namespace, &t.name);
             (
                 tl.and_then(|t| t.metadata.uid.clone()),
-                tool::pod_name(&t.name),
+                crate::crd::tool_pod_name(&t.name),
             )
         }
     };
     let Some(uid) = uid else {
         return Err(format!("{kind} {}/{} not found", t.namespace, t.name));
     };
-    let failed = |e: kube::Error| format!("{kind} {}/{}: {e}", t.namespace, t.name);
     match c.action {
         ControlAction::Restart => {
             if kind == Kind::Agent
@@ -224,34 +221,17 @@ pub async fn execute(ctx: &Context, c: &Control) -> Result<String, String> {
             } else {
                 "disabled"
             };
-            let patch = Patch::Merge(json!({"spec": {field: on}}));
-            let pp = PatchParams::default();
-            match kind {
-                Kind::Agent => Api::<Agent>::namespaced(ctx.kube.client().clone(), &t.namespace)
-                    .patch(&t.name, &pp, &patch)
-                    .await
-                    .map(drop),
-                _ => Api::<Tool>::namespaced(ctx.kube.client().clone(), &t.namespace)
-                    .patch(&t.name, &pp, &patch)
-                    .await
-                    .map(drop),
-            }
-            .map_err(failed)?;
+            ctx.kube
+                .patch_spec(kind, &t.namespace, &t.name, json!({ field: on }))
+                .await
+                .map_err(|e| e.to_string())?;
             Ok(format!("spec.{field} set to {on}"))
         }
         ControlAction::Delete => {
-            let dp = DeleteParams::background();
-            match kind {
-                Kind::Agent => Api::<Agent>::namespaced(ctx.kube.client().clone(), &t.namespace)
-                    .delete(&t.name, &dp)
-                    .await
-                    .map(drop),
-                _ => Api::<Tool>::namespaced(ctx.kube.client().clone(), &t.namespace)
-                    .delete(&t.name, &dp)
-                    .await
-                    .map(drop),
-            }
-            .map_err(failed)?;
+            ctx.kube
+                .delete_object(kind, &t.namespace, &t.name)
+                .await
+                .map_err(|e| e.to_string())?;
             Ok(format!("{kind} deleted"))
         }
     }

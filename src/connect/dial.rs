@@ -11,12 +11,12 @@ use tokio_tungstenite::WebSocketStream;
 use tracing::Instrument;
 
 use super::backoff::{Reconnect, Retry};
-use super::frame::Frame;
 use super::link::{self, Failed};
 use super::session::{self, End};
 use super::socket::DialError;
 use super::{Context, Ids, hello};
 use crate::config::{Config, Token};
+use crate::protocol::frame::Frame;
 
 /// A way of carrying sessions to the control plane.
 pub(super) trait Transport {

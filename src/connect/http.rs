@@ -11,13 +11,14 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::Context;
+use super::control;
 use super::dial::Transport;
-use super::frame::{self, Audit, ControlResult, Delta, Frame, Heartbeat, Snapshot};
 use super::session::End;
 use super::socket::{DialError, tcp, tls, tls_config};
-use super::{control, wire};
 use crate::audit::now_rfc3339;
 use crate::config::{Config, Token};
+use crate::protocol::frame::{self, Audit, ControlResult, Delta, Frame, Heartbeat, Snapshot};
+use crate::protocol::wire;
 
 /// A control plane that accepts and never answers must not stall reporting.
 const POST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -305,7 +306,7 @@ impl Http {
         self.last_snapshot = Instant::now();
         Frame::Snapshot(Snapshot {
             seq: self.seq,
-            resources: wire::all(ctx),
+            resources: wire::all(super::form(ctx)),
         })
     }
 
@@ -334,7 +335,7 @@ impl Http {
             carried.snapshot = Some((text.len(), started.elapsed()));
             texts.push(text);
         } else {
-            let (changes, marked) = wire::pending_changes(ctx);
+            let (changes, marked) = wire::changes(super::form(ctx), ctx.link.take_pending());
             if !changes.is_empty() {
                 self.seq += 1;
                 let delta = Frame::Delta(Delta {

@@ -8,7 +8,6 @@ pub mod backoff;
 pub mod control;
 mod dial;
 pub mod events;
-pub mod frame;
 pub mod http;
 pub mod link;
 pub mod outbox;
@@ -16,7 +15,6 @@ pub mod progress;
 pub mod session;
 pub mod shell;
 pub mod socket;
-pub mod wire;
 
 use std::sync::Arc;
 
@@ -25,10 +23,11 @@ use tracing::Instrument;
 
 use crate::cluster::Kube;
 use crate::config::{Config, Token};
+use crate::protocol::frame::{self, Frame, Hello, Host};
+use crate::protocol::wire;
 use crate::store::Store;
 use backoff::Reconnect;
 pub use dial::read_token;
-use frame::{Frame, Hello, Host};
 pub use link::Link;
 
 /// What the connector reads and acts through, handed over by the application.
@@ -38,6 +37,12 @@ pub struct Context {
     pub kube: Kube,
     pub config: Arc<Config>,
     pub link: Arc<Link>,
+}
+
+/// The wire form as this manager sends it: from the store, env values masked unless
+/// the admin said otherwise.
+fn form(ctx: &Context) -> wire::Form<'_> {
+    wire::Form::new(&ctx.store, ctx.config.send_env_values)
 }
 
 /// `io` only over the WebSocket: the HTTP transport cannot carry a shell's bytes.

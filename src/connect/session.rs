@@ -19,13 +19,14 @@ use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
 use tracing::Instrument;
 
 use super::Context;
-use super::frame::{self, Frame};
+use super::Link;
 pub use super::progress::Transport;
 use super::progress::WriteClock;
 use super::shell::{Outgoing, Reply, Shells};
-use super::{Link, wire};
 use crate::audit::now_rfc3339;
-use crate::connect::frame::{Control, ControlResult, Delta, ErrorFrame, Heartbeat};
+use crate::protocol::frame::{self, Frame};
+use crate::protocol::frame::{Control, ControlResult, Delta, ErrorFrame, Heartbeat};
+use crate::protocol::wire;
 
 /// How a session ended, which decides the wait before the next dial.
 #[derive(Debug, PartialEq, Eq)]
@@ -188,7 +189,7 @@ impl<S: Transport> Conn<'_, S> {
         self.link().take_dirty();
         self.seq += 1;
         let started = Instant::now();
-        let pieces = wire::snapshot_pieces(self.ctx, self.seq, PIECE);
+        let pieces = wire::snapshot_pieces(super::form(self.ctx), self.seq, PIECE);
         let bytes = self
             .send_pieces(pieces.map(|(p, last)| (Bytes::from(p), last)))
             .await?;
@@ -206,7 +207,8 @@ impl<S: Transport> Conn<'_, S> {
     }
 
     async fn delta(&mut self) -> Result<(), End> {
-        let (changes, marked) = wire::pending_changes(self.ctx);
+        let link = self.link();
+        let (changes, marked) = wire::changes(super::form(self.ctx), link.take_pending());
         if changes.is_empty() {
             return Ok(());
         }
@@ -1225,7 +1227,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_large_snapshot_leaves_in_fragments_of_one_message() {
         let ctx = context_with_agents(300, serde_json::json!(["é".repeat(100)]));
-        let whole = wire::snapshot_text_of(1, wire::all(&ctx).into_iter());
+        let whole = wire::snapshot_text_of(1, wire::all(super::super::form(&ctx)).into_iter());
         assert!(whole.len() > 2 * PIECE, "{} bytes", whole.len());
         let (ours, theirs) = tokio::io::duplex(1 << 20);
         let ours = crate::connect::progress::Progress::new(ours);

@@ -17,10 +17,10 @@ use super::progress::Progress;
 
 use super::link::DialFailure;
 use crate::config::{Config, Token};
-#[cfg(test)]
-use crate::connect::frame::{IO_HEADER_LEN, MAX_FRAME_BYTES, MAX_IO_PAYLOAD};
-use crate::connect::frame::{MAX_MESSAGE_BYTES, SUBPROTOCOL};
 use crate::egress::Proxy;
+#[cfg(test)]
+use crate::protocol::frame::{IO_HEADER_LEN, MAX_FRAME_BYTES, MAX_IO_PAYLOAD};
+use crate::protocol::frame::{MAX_MESSAGE_BYTES, SUBPROTOCOL};
 
 pub type Socket = WebSocketStream<MaybeTlsStream<Progress<TcpStream>>>;
 
@@ -236,7 +236,7 @@ pub fn tls_config(config: &Config) -> Result<Arc<rustls::ClientConfig>, DialErro
 
 /// The WebSocket's limits on what it reads: no larger than the largest message the codec
 /// accepts ([`MAX_MESSAGE_BYTES`]: a binary shell frame at its payload cap; text frames
-/// stop at [`MAX_FRAME_BYTES`](crate::connect::frame::MAX_FRAME_BYTES), below it). A bigger message is refused by the socket as
+/// stop at [`MAX_FRAME_BYTES`](crate::protocol::frame::MAX_FRAME_BYTES), below it). A bigger message is refused by the socket as
 /// it arrives, before a buffer of the peer's choosing is allocated, and ends the
 /// connection (a peer sending one is broken or hostile). Writes are not limited: the
 /// snapshots the manager sends may be far larger.

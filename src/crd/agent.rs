@@ -115,6 +115,18 @@ impl RestartPolicy {
     }
 }
 
+impl Agent {
+    /// Whether the Agent finished (`Succeeded` or `Failed`, which only `restartPolicy`
+    /// `OnFailure` or `Never` reach) for its current generation: its pod is then never
+    /// recreated, even when it goes away, until a spec change.
+    pub fn finished(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            matches!(s.phase, Some(AgentPhase::Succeeded | AgentPhase::Failed))
+                && s.observed_generation == self.metadata.generation
+        })
+    }
+}
+
 /// Lifecycle phase of an Agent.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum AgentPhase {

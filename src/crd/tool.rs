@@ -4,6 +4,11 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// The name of a Tool's pod: `<tool>-tool`.
+pub fn tool_pod_name(tool: &str) -> String {
+    format!("{tool}-tool")
+}
+
 /// A tool agents can call: an on-demand pod `<tool>-tool` behind a Service `<tool>`. The
 /// pod runs while an Agent of the namespace that lists the Tool wants to run, and is
 /// removed `idleSeconds` after the last one stops; the Service stays throughout.

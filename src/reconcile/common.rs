@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Owne
 use kube::Resource;
 
 use crate::crd::{Kind, PhaseStatus, Reason};
-use crate::store::{MANAGED_BY, MANAGER, PodView};
+use crate::store::{MANAGED_BY, MANAGER};
 
 /// The most of a pod's context summary an Agent's status shows: the store cuts it to
 /// this when it reads the pod (TRUST.md §3).
@@ -105,138 +105,6 @@ pub fn pod_spec_hash(meta: &ObjectMeta) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// Container waiting reasons that mean the pod will not come up without a change, and
-/// the condition reason each becomes.
-const ERROR_REASONS: [(&str, Reason); 6] = [
-    ("CrashLoopBackOff", Reason::CrashLoopBackOff),
-    ("ImagePullBackOff", Reason::ImagePullBackOff),
-    ("ErrImagePull", Reason::ErrImagePull),
-    (
-        "CreateContainerConfigError",
-        Reason::CreateContainerConfigError,
-    ),
-    ("CreateContainerError", Reason::CreateContainerError),
-    ("InvalidImageName", Reason::InvalidImageName),
-];
-
-/// What a pod's status says about the workload. Every state but `Ready` and `Succeeded`
-/// carries its cause (the condition reason) and a message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Health {
-    /// Running and every container ready.
-    Ready,
-    /// On its way; the message says what it waits for.
-    Pending(Reason, String),
-    /// Stuck: a container cannot start or keeps crashing.
-    Error(Reason, String),
-    Succeeded,
-    Failed(Reason, String),
-}
-
-pub fn pod_health(pod: &PodView) -> Health {
-    let Some(status) = pod.status.as_ref() else {
-        return Health::Pending(Reason::Scheduling, "pod created, not yet scheduled".into());
-    };
-    let phase = status.phase.as_deref().unwrap_or("Pending");
-    match phase {
-        "Succeeded" => return Health::Succeeded,
-        "Failed" => {
-            let reason = match status.reason.as_deref() {
-                Some("Evicted") => Reason::Evicted,
-                _ => Reason::PodFailed,
-            };
-            let why = status
-                .reason
-                .clone()
-                .or_else(|| terminated_reason(pod))
-                .unwrap_or_else(|| "pod failed".into());
-            return Health::Failed(reason, why);
-        }
-        _ => {}
-    }
-    let containers = status
-        .init_container_statuses
-        .iter()
-        .flatten()
-        .chain(status.container_statuses.iter().flatten());
-    for cs in containers {
-        if let Some(w) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) {
-            let waiting = w.reason.as_deref().unwrap_or_default();
-            if let Some((_, reason)) = ERROR_REASONS.iter().find(|(r, _)| *r == waiting) {
-                let msg = w.message.as_deref().unwrap_or_default();
-                return Health::Error(
-                    *reason,
-                    format!("container {}: {waiting}: {msg}", cs.name)
-                        .trim_end_matches([' ', ':'])
-                        .to_owned(),
-                );
-            }
-        }
-    }
-    let statuses = status.container_statuses.as_deref().unwrap_or_default();
-    if phase == "Running" && !statuses.is_empty() && statuses.iter().all(|c| c.ready) {
-        return Health::Ready;
-    }
-    // Say what it is waiting for, most specific first.
-    let unschedulable = status.conditions.iter().flatten().find(|c| {
-        c.type_ == "PodScheduled"
-            && c.status == "False"
-            && c.reason.as_deref() == Some("Unschedulable")
-    });
-    if let Some(c) = unschedulable {
-        return Health::Pending(
-            Reason::Unschedulable,
-            format!(
-                "unschedulable: {}",
-                c.message.as_deref().unwrap_or_default()
-            ),
-        );
-    }
-    let waiting = statuses.iter().find_map(|cs| {
-        let w = cs.state.as_ref()?.waiting.as_ref()?;
-        Some(format!(
-            "container {}: {}",
-            cs.name,
-            w.reason.as_deref().unwrap_or("waiting")
-        ))
-    });
-    if let Some(w) = waiting {
-        return Health::Pending(Reason::ContainerCreating, w);
-    }
-    if let Some(cs) = statuses.iter().find(|c| !c.ready) {
-        return Health::Pending(
-            Reason::ContainersNotReady,
-            format!("container {} not ready", cs.name),
-        );
-    }
-    // Scheduled (or not yet), no container status yet.
-    let reason = if phase == "Pending" {
-        Reason::Scheduling
-    } else {
-        Reason::ContainersNotReady
-    };
-    Health::Pending(reason, format!("pod {phase}"))
-}
-
-fn terminated_reason(pod: &PodView) -> Option<String> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .iter()
-        .flatten()
-        .find_map(|cs| {
-            let t = cs.state.as_ref()?.terminated.as_ref()?;
-            (t.exit_code != 0).then(|| {
-                format!(
-                    "container {} exited with code {} ({})",
-                    cs.name,
-                    t.exit_code,
-                    t.reason.as_deref().unwrap_or("Error")
-                )
-            })
-        })
-}
-
 /// The `Ready` condition for a new status, as the Kubernetes API conventions have it:
 /// status `True`/`False`, or `Unknown` while the object is being deleted (its state is
 /// then no longer the manager's to say); a CamelCase `reason` that names the cause; the
@@ -300,106 +168,10 @@ pub fn status<S: PhaseStatus>(
 mod tests {
     use super::*;
 
-    fn pod(yaml: &str) -> PodView {
-        serde_saphyr::from_str(yaml).unwrap()
-    }
-
     #[test]
     fn fnv_is_stable() {
         assert_eq!(fnv1a(b""), 0xcbf29ce484222325);
         assert_eq!(fnv1a(b"a"), 0xaf63dc4c8601ec8c);
-    }
-
-    /// pod status → health, with the condition reason each state becomes.
-    #[test]
-    fn health_table() {
-        use Reason::*;
-        let cs = |state: &str| {
-            format!(
-                "{{metadata: {{name: p}}, status: {{phase: Pending, containerStatuses: [{{name: runtime, ready: false, restartCount: 0, image: i, imageID: '', state: {state}}}]}}}}"
-            )
-        };
-        let cases = [
-            (
-                "metadata: {name: p}".to_owned(),
-                Health::Pending(Scheduling, "pod created, not yet scheduled".into()),
-            ),
-            (
-                "{metadata: {name: p}, status: {phase: Pending}}".to_owned(),
-                Health::Pending(Scheduling, "pod Pending".into()),
-            ),
-            (
-                "{metadata: {name: p}, status: {phase: Running, containerStatuses: [{name: a, ready: true, restartCount: 0, image: i, imageID: '', state: {running: {}}}]}}".to_owned(),
-                Health::Ready,
-            ),
-            (
-                cs("{waiting: {reason: ImagePullBackOff, message: 'Back-off pulling image x'}}"),
-                Health::Error(
-                    ImagePullBackOff,
-                    "container runtime: ImagePullBackOff: Back-off pulling image x".into(),
-                ),
-            ),
-            (
-                cs("{waiting: {reason: ErrImagePull}}"),
-                Health::Error(ErrImagePull, "container runtime: ErrImagePull".into()),
-            ),
-            (
-                cs("{waiting: {reason: CrashLoopBackOff, message: 'back-off 10s'}}"),
-                Health::Error(
-                    CrashLoopBackOff,
-                    "container runtime: CrashLoopBackOff: back-off 10s".into(),
-                ),
-            ),
-            (
-                cs("{waiting: {reason: CreateContainerConfigError, message: 'secret \"s\" not found'}}"),
-                Health::Error(
-                    CreateContainerConfigError,
-                    "container runtime: CreateContainerConfigError: secret \"s\" not found".into(),
-                ),
-            ),
-            (
-                cs("{waiting: {reason: CreateContainerError}}"),
-                Health::Error(CreateContainerError, "container runtime: CreateContainerError".into()),
-            ),
-            (
-                cs("{waiting: {reason: InvalidImageName}}"),
-                Health::Error(InvalidImageName, "container runtime: InvalidImageName".into()),
-            ),
-            (
-                cs("{waiting: {reason: ContainerCreating}}"),
-                Health::Pending(ContainerCreating, "container runtime: ContainerCreating".into()),
-            ),
-            (
-                cs("{waiting: {reason: PodInitializing}}"),
-                Health::Pending(ContainerCreating, "container runtime: PodInitializing".into()),
-            ),
-            (
-                "{metadata: {name: p}, status: {phase: Running, containerStatuses: [{name: a, ready: false, restartCount: 0, image: i, imageID: '', state: {running: {}}}]}}".to_owned(),
-                Health::Pending(ContainersNotReady, "container a not ready".into()),
-            ),
-            (
-                "{metadata: {name: p}, status: {phase: Succeeded}}".to_owned(),
-                Health::Succeeded,
-            ),
-            (
-                "{metadata: {name: p}, status: {phase: Failed, containerStatuses: [{name: a, ready: false, restartCount: 0, image: i, imageID: '', state: {terminated: {exitCode: 3, reason: Error}}}]}}".to_owned(),
-                Health::Failed(PodFailed, "container a exited with code 3 (Error)".into()),
-            ),
-            (
-                "{metadata: {name: p}, status: {phase: Failed, reason: Evicted}}".to_owned(),
-                Health::Failed(Evicted, "Evicted".into()),
-            ),
-            (
-                "{metadata: {name: p}, status: {phase: Pending, conditions: [{type: PodScheduled, status: 'False', reason: Unschedulable, message: '0/1 nodes are available: 1 Insufficient memory.'}]}}".to_owned(),
-                Health::Pending(
-                    Unschedulable,
-                    "unschedulable: 0/1 nodes are available: 1 Insufficient memory.".into(),
-                ),
-            ),
-        ];
-        for (yaml, want) in cases {
-            assert_eq!(pod_health(&pod(&yaml)), want, "{yaml}");
-        }
     }
 
     #[test]

@@ -17,21 +17,18 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
-use super::common::{self, Health};
+use super::common;
 use super::offer;
 use super::podsecurity::{self, Level};
 use super::problem::{self, Problem};
 use super::{Context, Outcome, demand};
 use crate::cluster::Error;
-use crate::crd::{Kind, Reason, Tool, ToolPhase, ToolStatus};
+use crate::crd::{Kind, Reason, Tool, ToolPhase, ToolStatus, tool_pod_name as pod_name};
+use crate::store::Health;
 use crate::store::{Oversized, PodView};
 
 /// The message of a Tool without users and without a pod.
 pub const IDLE: &str = "idle: no Agent uses this tool";
-
-pub fn pod_name(tool: &str) -> String {
-    format!("{tool}-tool")
-}
 
 /// `http://<tool>.<namespace>.svc:<port>`.
 pub fn endpoint(tool: &Tool) -> String {
@@ -188,7 +185,7 @@ fn problem(why: &Problem) -> Plan {
 
 /// The phase, reason and message a pod's health gives, or `None` when it ended.
 fn by_health(tool: &Tool, pod: &PodView) -> Option<(ToolPhase, Reason, String)> {
-    match common::pod_health(pod) {
+    match crate::store::pod_health(pod) {
         Health::Ready => Some((
             ToolPhase::Ready,
             Reason::Serving,

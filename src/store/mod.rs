@@ -21,7 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 pub use cache::{Cache, Latch, ObjKey, SyncGate, trim};
 pub use namespace::{NamespaceView, SHELL_DISABLED, SHELL_LABEL};
 pub use offer::{OFFER_SELECTOR, OfferedSecret, OfferedServiceAccount};
-pub use pod::{CONTEXT_SUMMARY_MAX, PodView, SPEC_HASH};
+pub use pod::{CONTEXT_SUMMARY_MAX, Health, PodView, SPEC_HASH, pod_health};
 pub use secret::SecretView;
 pub use spec::Oversized;
 

@@ -25,11 +25,11 @@ use tokio::time::{Instant, sleep_until};
 use tracing::Instrument;
 
 use super::Context;
-use super::frame::{
-    DEFAULT_TERMINAL, DecodeError, Frame, IoClose, IoOpen, IoOpened, IoResize, Stream,
-};
 use crate::audit::{AuditAction, AuditDetail, AuditEvent, AuditTarget, now_rfc3339};
 use crate::process::uuid_v4;
+use crate::protocol::frame::{
+    DEFAULT_TERMINAL, DecodeError, Frame, IoClose, IoOpen, IoOpened, IoResize, Stream,
+};
 
 mod authorize;
 mod exec;
@@ -195,7 +195,7 @@ impl Shells {
 
     /// A binary frame from the control plane: stdin for a session.
     pub fn input(&mut self, bytes: &[u8]) -> Reply {
-        let chunk = match super::frame::decode_io(bytes) {
+        let chunk = match crate::protocol::frame::decode_io(bytes) {
             Ok(c) => c,
             Err(e) => return Reply::Error("bad_frame", e.to_string()),
         };
@@ -262,7 +262,7 @@ impl Shells {
             Event::Output(channel, stream, data) => {
                 let s = self.open.get_mut(&channel)?;
                 s.bytes_out += data.len() as u64;
-                Some(Outgoing::Binary(super::frame::encode_io(
+                Some(Outgoing::Binary(crate::protocol::frame::encode_io(
                     channel, stream, &data,
                 )))
             }
@@ -402,7 +402,7 @@ mod tests {
         let ctx = crate::connect::test_context();
         let mut shells = Shells::default();
         let text = r#"{"type":"io_open","channel":7,"session_id":"s-1","actor":"ada","target":{"namespace":"ns","agent":"ag"},"tty":"no"}"#;
-        let err = crate::connect::frame::decode(text).unwrap_err();
+        let err = crate::protocol::frame::decode(text).unwrap_err();
         let answer = shells.refuse_malformed(&ctx, &err);
         assert_eq!(
             answer,
@@ -431,10 +431,12 @@ mod tests {
         );
 
         // No readable channel: the `error` frame is the only answer.
-        let err = crate::connect::frame::decode(r#"{"type":"io_open","channel":"7"}"#).unwrap_err();
+        let err =
+            crate::protocol::frame::decode(r#"{"type":"io_open","channel":"7"}"#).unwrap_err();
         assert_eq!(shells.refuse_malformed(&ctx, &err), None);
         // Another frame's error is not a session's.
-        let err = crate::connect::frame::decode(r#"{"type":"io_resize","channel":7}"#).unwrap_err();
+        let err =
+            crate::protocol::frame::decode(r#"{"type":"io_resize","channel":7}"#).unwrap_err();
         assert_eq!(shells.refuse_malformed(&ctx, &err), None);
         assert!(ctx.link.audit.drain().is_empty());
 
@@ -443,7 +445,7 @@ mod tests {
         let (resize, _) = watch::channel(DEFAULT_TERMINAL);
         let (close, _) = watch::channel(None);
         let good = r#"{"type":"io_open","channel":7,"session_id":"s-0","actor":"ada","target":{"namespace":"ns","agent":"ag"}}"#;
-        let Ok(Some(Frame::IoOpen(open))) = crate::connect::frame::decode(good) else {
+        let Ok(Some(Frame::IoOpen(open))) = crate::protocol::frame::decode(good) else {
             unreachable!()
         };
         shells.open.insert(
@@ -461,7 +463,7 @@ mod tests {
                 task: tokio::spawn(async {}),
             },
         );
-        let err = crate::connect::frame::decode(text).unwrap_err();
+        let err = crate::protocol::frame::decode(text).unwrap_err();
         assert_eq!(shells.refuse_malformed(&ctx, &err), None);
         assert!(ctx.link.audit.drain().is_empty());
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use super::common::{self, Health};
+use super::common;
 use super::offer;
 use super::problem::{self, Problem};
 use super::roll::Admit;
@@ -20,6 +20,7 @@ use crate::crd::{
     Agent, AgentPhase, AgentStatus, Key, Kind, Memory, MemoryRef, Reason, Runtime, Tool,
 };
 use crate::store::PodView;
+use crate::store::{Health, pod_health};
 
 mod pod;
 
@@ -152,16 +153,6 @@ fn problem(why: &Problem) -> Plan {
     )
 }
 
-/// Whether the Agent finished (`Succeeded` or `Failed`, which only `restartPolicy`
-/// `OnFailure` or `Never` reach) for its current generation: its pod is then never
-/// recreated, even when it goes away, until a spec change.
-pub fn finished(agent: &Agent) -> bool {
-    agent.status.as_ref().is_some_and(|s| {
-        matches!(s.phase, Some(AgentPhase::Succeeded | AgentPhase::Failed))
-            && s.observed_generation == agent.metadata.generation
-    })
-}
-
 /// Decides the pod action and the phase. `desired` is the pod the Agent should have or
 /// why it cannot have one; `current` is the pod named after the Agent, if any.
 pub fn plan(agent: &Agent, desired: &Result<Pod, Problem>, current: Option<&PodView>) -> Plan {
@@ -206,7 +197,7 @@ pub fn plan(agent: &Agent, desired: &Result<Pod, Problem>, current: Option<&PodV
     }
     let status = agent.status.as_ref();
     // A finished agent stays finished while its pod goes away, and is not restarted.
-    if finished(agent) && (owned.is_none() || terminating) {
+    if agent.finished() && (owned.is_none() || terminating) {
         let phase = status.and_then(|s| s.phase).unwrap_or(Succeeded);
         let message = status.and_then(|s| s.message.clone()).unwrap_or_default();
         let reason = status
@@ -245,7 +236,7 @@ pub fn plan(agent: &Agent, desired: &Result<Pod, Problem>, current: Option<&PodV
 pub fn by_health(agent: &Agent, pod: &PodView) -> Plan {
     use AgentPhase::*;
     let always = agent.spec.restart_policy == crate::crd::RestartPolicy::Always;
-    match common::pod_health(pod) {
+    match pod_health(pod) {
         Health::Ready => plan_of(
             PodAction::Keep,
             Active,

@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::Context;
 use crate::crd::PhaseStatus;
 use crate::crd::{Agent, Kind, Memory, Runtime, Tool};
-use crate::reconcile::{common, tool};
 use crate::store::PodView;
+use crate::store::Store;
+use crate::store::watch::Changed;
+use crate::store::{Health, pod_health};
 
 /// Writes `key` with `someField` → `some_field`, only for keys that are plain camelCase
 /// identifiers, so data keys such as `hugepages-2Mi` or `nvidia.com/gpu` pass unchanged.
@@ -326,10 +327,7 @@ fn write_pod(out: &mut Vec<u8>, pod: &PodView) {
         status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending"),
     );
     put(out, b",\"ready\":");
-    put_bool(
-        out,
-        matches!(common::pod_health(pod), common::Health::Ready),
-    );
+    put_bool(out, matches!(pod_health(pod), Health::Ready));
     put(out, b",\"restarts\":");
     put_i64(
         out,
@@ -436,18 +434,35 @@ impl<T: WriteJson + ?Sized> WriteJson for &T {
     }
 }
 
+/// What the wire form is read from: the caches, and whether env values go as they are
+/// (`AUTONOMIC_SEND_ENV_VALUES`) or masked (TRUST.md §4).
+#[derive(Clone, Copy)]
+pub struct Form<'a> {
+    store: &'a Store,
+    mask: Mask,
+}
+
+impl<'a> Form<'a> {
+    pub fn new(store: &'a Store, send_env_values: bool) -> Self {
+        Form {
+            store,
+            mask: Mask {
+                env_values: !send_env_values,
+            },
+        }
+    }
+}
+
 /// A resource's wire form as of the caches now (its pod is read when it is written).
 pub struct Wire<'a> {
-    ctx: &'a Context,
+    form: Form<'a>,
     resource: Resource,
 }
 
 impl WriteJson for Wire<'_> {
     fn write_json(&self, out: &mut Vec<u8>) {
-        let store = &self.ctx.store;
-        let mask = Mask {
-            env_values: !self.ctx.config.send_env_values,
-        };
+        let store = self.form.store;
+        let mask = self.form.mask;
         let owned = |meta: &kube::api::ObjectMeta, pod: &str| {
             store.owned_pod(
                 meta.namespace.as_deref().unwrap_or_default(),
@@ -469,7 +484,7 @@ impl WriteJson for Wire<'_> {
                 );
             }
             Resource::Tool(t) => {
-                let pod = owned(&t.metadata, &tool::pod_name(&t.name_any()));
+                let pod = owned(&t.metadata, &crate::crd::tool_pod_name(&t.name_any()));
                 let demand = Some(tool_demand(t));
                 let (spec, status) = (&t.spec, t.status.as_ref());
                 write_resource(
@@ -542,33 +557,29 @@ fn time_text(t: k8s_openapi::jiff::Timestamp) -> String {
 }
 
 /// The wire form of one custom resource as cached now, if it exists.
-pub fn of(ctx: &Context, kind: Kind, ns: &str, name: &str) -> Option<Value> {
-    let store = &ctx.store;
+pub fn of(form: Form<'_>, kind: Kind, ns: &str, name: &str) -> Option<Value> {
+    let store = form.store;
     let resource = match kind {
         Kind::Agent => Resource::Agent(store.agents.get(ns, name)?),
         Kind::Tool => Resource::Tool(store.tools.get(ns, name)?),
         Kind::Runtime => Resource::Runtime(store.runtimes.get(ns, name)?),
         Kind::Memory => Resource::Memory(store.memories.get(ns, name)?),
     };
-    Wire { ctx, resource }.value()
+    Wire { form, resource }.value()
 }
 
-/// The changes noted since the last snapshot or delta, each as the object's newest
-/// state, or its removal when it is gone; and when each was first marked, for
-/// [`super::Link::delta_sent`] once the delta is out.
-pub fn pending_changes(
-    ctx: &Context,
-) -> (
-    Vec<crate::connect::frame::Change>,
-    Vec<tokio::time::Instant>,
-) {
-    use crate::connect::frame::Change;
-    ctx.link
-        .take_pending()
+/// The `pending` changes, each as the object's newest state, or its removal when it is
+/// gone; and when each was first marked (the delta latency).
+pub fn changes<T>(
+    form: Form<'_>,
+    pending: Vec<(Changed, T)>,
+) -> (Vec<super::frame::Change>, Vec<T>) {
+    use super::frame::Change;
+    pending
         .into_iter()
         .map(|(c, marked)| {
             let current = (!c.removed)
-                .then(|| of(ctx, c.key.kind, &c.key.namespace, &c.key.name))
+                .then(|| of(form, c.key.kind, &c.key.namespace, &c.key.name))
                 .flatten();
             let change = match current {
                 Some(resource) => Change::Upsert { resource },
@@ -585,14 +596,14 @@ pub fn pending_changes(
 }
 
 /// Every watched custom resource, for a snapshot (the legacy HTTP transport's).
-pub fn all(ctx: &Context) -> Vec<Value> {
-    each(ctx).filter_map(|w| w.value()).collect()
+pub fn all(form: Form<'_>) -> Vec<Value> {
+    each(form).filter_map(|w| w.value()).collect()
 }
 
 /// Every watched object, to be written one at a time.
-fn each(ctx: &Context) -> impl Iterator<Item = Wire<'_>> {
-    let store = &ctx.store;
-    let wire = move |resource| Wire { ctx, resource };
+fn each(form: Form<'_>) -> impl Iterator<Item = Wire<'_>> {
+    let store = form.store;
+    let wire = move |resource| Wire { form, resource };
     let agents = store.agents.all().into_iter().map(Resource::Agent);
     let tools = store.tools.all().into_iter().map(Resource::Tool);
     let runtimes = store.runtimes.all().into_iter().map(Resource::Runtime);
@@ -612,11 +623,11 @@ fn each(ctx: &Context) -> impl Iterator<Item = Wire<'_>> {
 /// message (RFC 6455 §5.4). At 10 000 Agents the text is 8 MB, which the whole message
 /// held twice (the text, then the socket's write buffer, which keeps its size).
 pub fn snapshot_pieces(
-    ctx: &Context,
+    form: Form<'_>,
     seq: u64,
     piece: usize,
 ) -> Pieces<impl Iterator<Item = Wire<'_>> + Send + '_> {
-    Pieces::new(seq, each(ctx), piece)
+    Pieces::new(seq, each(form), piece)
 }
 
 /// The snapshot text in pieces: each is `(bytes, last)`.
@@ -845,12 +856,11 @@ mod tests {
 {"created_at":"","generation":0,"kind":"Runtime","labels":{},"message":"","name":"base","namespace":"ns","phase":"","pods":[],"ready":false,"resource_version":"","spec":{"image":"img:0"},"status":{},"uid":""}
 {"created_at":"","generation":0,"kind":"Memory","labels":{},"message":"reachable","name":"m","namespace":"ns","phase":"Bound","pods":[],"ready":true,"resource_version":"","spec":{"backend":"redis","secret_ref":{"key":"k","name":"s"},"url":"redis://default:***@m:6379/0?x=y"},"status":{"conditions":[],"message":"reachable","observed_generation":null,"phase":"Bound","secret_name":null},"uid":"u-3"}"#;
 
-    // A runtime only for the test context's client, which is never called.
-    #[tokio::test]
-    async fn each_kind_is_written_with_the_content_it_had_as_a_tree() {
+    #[test]
+    fn each_kind_is_written_with_the_content_it_had_as_a_tree() {
         let (agent, pod, tool, runtime, memory) = samples();
-        let ctx = crate::connect::test_context();
-        let store = &ctx.store;
+        let store = Store::default();
+        let form = Form::new(&store, false);
         let agent = store.agents.insert(agent);
         store.pods.insert(pod);
         store.tools.insert(tool);
@@ -864,16 +874,12 @@ mod tests {
         ];
         for ((kind, name), before) in kinds.into_iter().zip(BEFORE.lines()) {
             let before: Value = serde_json::from_str(before).unwrap();
-            assert_eq!(of(&ctx, kind, "ns", name), Some(before), "{kind:?}");
+            assert_eq!(of(form, kind, "ns", name), Some(before), "{kind:?}");
         }
         // The top level and the pod are written in the order the tree wrote them.
         let mut written = Vec::new();
         let resource = Resource::Agent(agent);
-        Wire {
-            ctx: &ctx,
-            resource,
-        }
-        .write_json(&mut written);
+        Wire { form, resource }.write_json(&mut written);
         let written = String::from_utf8(written).unwrap();
         let head = |t: &str| t.split_once(",\"spec\"").unwrap().0.to_owned();
         assert_eq!(head(&written), head(BEFORE.lines().next().unwrap()));
@@ -1041,7 +1047,7 @@ mod tests {
 
     #[test]
     fn the_streamed_snapshot_is_the_encoded_frame() {
-        use crate::connect::frame::{self, Frame, Snapshot};
+        use crate::protocol::frame::{self, Frame, Snapshot};
         for n in [0, 1, 3] {
             let resources: Vec<Value> = (0..n)
                 .map(|i| json!({"kind": "Agent", "name": format!("a{i}"), "spec": {"x": [1, "é"]}}))
@@ -1189,8 +1195,7 @@ mod tests {
 #[cfg(test)]
 mod pod_tests {
     use super::write_pod;
-    use crate::reconcile::common::{Health, pod_health};
-    use crate::store::{PodView, trim};
+    use crate::store::{Health, PodView, pod_health, trim};
     use serde_json::json;
 
     /// A pod as the API server serves it: a running agent pod with two containers.
