@@ -23,7 +23,9 @@ mod text;
 #[doc(hidden)]
 pub mod internals {
     pub use crate::metrics::{HISTOGRAMS, PROCESS_SERIES, SERIES};
-    pub use crate::protocol::frame::{Frame, Snapshot, Stream, decode, decode_io, encode, encode_io};
+    pub use crate::protocol::frame::{
+        Frame, Snapshot, Stream, decode, decode_io, encode, encode_io,
+    };
     pub use crate::protocol::wire::snapshot_text_of;
     pub use crate::reconcile::agent::{AgentletDefaults, desired_pod as agent_pod};
     pub use crate::reconcile::tool::{IDLE, desired_pod as tool_pod};

@@ -6,7 +6,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Bytes;
+use hyper::client::conn::http1;
+use hyper::{Request, header};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -33,135 +38,61 @@ const MAX_CONTROLS: usize = 8;
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
-/// One `POST`; returns the status and the body.
-async fn post(ctx: &Context, token: &Token, body: &str) -> Result<(u16, Vec<u8>), DialError> {
+/// One `POST` on a connection of its own (hyper's HTTP/1 client over the stream dialled
+/// as the WebSocket's is: proxy, TLS and trust store alike); the status and the body,
+/// read up to [`MAX_ANSWER`].
+async fn post(ctx: &Context, token: &Token, body: String) -> Result<(u16, Bytes), DialError> {
     let config = &ctx.config;
     let url = &config.base_url;
     let tcp = tcp(config).await?;
-    let mut stream: Box<dyn Stream> = if url.tls {
+    let stream: Box<dyn Stream> = if url.tls {
         Box::new(tls(config, tls_config(config)?, tcp).await?)
     } else {
         Box::new(tcp)
     };
-    let request = format!(
-        "POST {}/api/autonomic/report HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nUser-Agent: autonomic-manager/{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        url.path,
-        url.authority(),
-        token.expose(),
-        crate::process::VERSION,
-        body.len()
-    );
-    let io = |e: std::io::Error| DialError::Connect {
+    let lost = |e: hyper::Error| DialError::Connect {
         target: url.authority(),
         reason: e.to_string(),
     };
-    stream.write_all(request.as_bytes()).await.map_err(io)?;
-    stream.write_all(body.as_bytes()).await.map_err(io)?;
-    stream.flush().await.map_err(io)?;
-    let mut answer = Vec::new();
-    stream
-        .take(MAX_ANSWER as u64 + 1)
-        .read_to_end(&mut answer)
-        .await
-        .map_err(io)?;
-    if answer.len() > MAX_ANSWER {
-        return Err(DialError::Report("answer larger than 16 MiB".into()));
-    }
-    into_body(answer).map_err(|e| DialError::Report(format!("not HTTP: {e}")))
-}
-
-/// Where an answer's body is.
-enum Body {
-    /// These bytes of the answer.
-    Plain(std::ops::Range<usize>),
-    /// Chunked, from this byte on.
-    Chunked(usize),
-}
-
-/// Status and body of an HTTP/1.1 answer read to its end (`Connection: close`).
-#[cfg(test)]
-pub fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
-    let (status, body) = split_response(raw)?;
-    let body = match body {
-        Body::Plain(range) => raw[range].to_vec(),
-        Body::Chunked(start) => dechunk(&raw[start..])?,
+    let (mut sender, conn) = http1::handshake(TokioIo::new(stream)).await.map_err(lost)?;
+    let request = Request::post(format!("{}/api/autonomic/report", url.path))
+        .header(header::HOST, url.authority())
+        .header(header::AUTHORIZATION, format!("Bearer {}", token.expose()))
+        .header(
+            header::USER_AGENT,
+            format!("autonomic-manager/{}", crate::process::VERSION),
+        )
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONNECTION, "close")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| DialError::Report(format!("cannot build the request: {e}")))?;
+    let exchange = async {
+        let response = sender.send_request(request).await.map_err(lost)?;
+        let status = response.status().as_u16();
+        let body = Limited::new(response.into_body(), MAX_ANSWER)
+            .collect()
+            .await
+            .map_err(|e| match e.downcast::<LengthLimitError>() {
+                Ok(_) => DialError::Report("answer larger than 16 MiB".into()),
+                Err(e) => DialError::Connect {
+                    target: url.authority(),
+                    reason: e.to_string(),
+                },
+            })?;
+        Ok((status, body.to_bytes()))
     };
-    Ok((status, body))
-}
-
-/// As `parse_response`, keeping the answer's own buffer for the body when it is not
-/// chunked: a 16 MiB answer is not held twice.
-fn into_body(mut raw: Vec<u8>) -> Result<(u16, Vec<u8>), String> {
-    let (status, body) = split_response(&raw)?;
-    let body = match body {
-        Body::Plain(range) => {
-            raw.truncate(range.end);
-            raw.drain(..range.start);
-            raw
-        }
-        Body::Chunked(start) => dechunk(&raw[start..])?,
-    };
-    Ok((status, body))
-}
-
-/// The status and where the body is.
-fn split_response(raw: &[u8]) -> Result<(u16, Body), String> {
-    let head_end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("no header end")?;
-    let head = std::str::from_utf8(&raw[..head_end]).map_err(|_| "header not UTF-8")?;
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse::<u16>().ok())
-        .ok_or("no status")?;
-    let mut chunked = false;
-    let mut length = None;
-    for line in lines {
-        let Some((k, v)) = line.split_once(':') else {
-            continue;
-        };
-        let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
-        if k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked") {
-            chunked = true;
-        } else if k == "content-length" {
-            length = Some(v.parse::<usize>().map_err(|_| "bad content-length")?);
-        }
-    }
-    let start = head_end + 4;
-    if chunked {
-        return Ok((status, Body::Chunked(start)));
-    }
-    let end = match length {
-        Some(n) if raw.len() - start < n => return Err("body shorter than content-length".into()),
-        Some(n) => start + n,
-        None => raw.len(),
-    };
-    Ok((status, Body::Plain(start..end)))
-}
-
-/// A chunked body's bytes.
-fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
+    // The connection is driven here, not spawned: when the post's time is up, dropping
+    // this future closes the socket.
+    tokio::pin!(exchange, conn);
+    let mut driving = true;
     loop {
-        let line_end = body
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or("truncated chunk")?;
-        let size_text = std::str::from_utf8(&body[..line_end]).map_err(|_| "bad chunk size")?;
-        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
-            .map_err(|_| "bad chunk size")?;
-        body = &body[line_end + 2..];
-        if size == 0 {
-            return Ok(out);
+        tokio::select! {
+            done = &mut exchange => return done,
+            ended = &mut conn, if driving => {
+                driving = false;
+                ended.map_err(lost)?;
+            }
         }
-        if body.len() < size {
-            return Err("truncated chunk".into());
-        }
-        out.extend_from_slice(&body[..size]);
-        body = body.get(size + 2..).unwrap_or_default();
     }
 }
 
@@ -374,7 +305,8 @@ impl Http {
         let (texts, answers, audits) = self.frames(ctx, hello, &mut carried);
         let body = format!("[{}]", texts.join(","));
         drop(texts);
-        let posted = tokio::time::timeout(POST_TIMEOUT, post(ctx, token, &body))
+        let sent = body.len();
+        let posted = tokio::time::timeout(POST_TIMEOUT, post(ctx, token, body))
             .await
             .unwrap_or_else(|_| {
                 Err(DialError::Timeout(
@@ -397,7 +329,7 @@ impl Http {
             Ok(_) => {
                 self.last_post = Instant::now();
                 let link = &ctx.link;
-                link.sent(body.len());
+                link.sent(sent);
                 if let Some((bytes, took)) = carried.snapshot {
                     link.snapshot_sent(bytes, took);
                 }
@@ -487,7 +419,7 @@ impl Http {
 }
 
 /// An answer whose text is UTF-8 and a JSON array (see [`checked`]).
-pub struct Answer(Vec<u8>);
+pub struct Answer(Bytes);
 
 impl Answer {
     fn text(&self) -> &str {
@@ -498,7 +430,7 @@ impl Answer {
 
 /// The answer's body if it is a JSON array of elements, checked whole before any of its
 /// frames is acted on (a broken answer is a failed post), without a tree of it.
-fn checked(body: Vec<u8>) -> Result<Answer, String> {
+fn checked(body: Bytes) -> Result<Answer, String> {
     let text = std::str::from_utf8(&body).map_err(|e| e.to_string())?;
     Elements::count(text)?;
     Ok(Answer(body))
@@ -574,26 +506,66 @@ const COALESCE: Duration = Duration::from_millis(100);
 mod tests {
     use super::*;
 
-    #[test]
-    fn responses_with_length_chunked_or_neither() {
-        let plain = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]trailing";
-        assert_eq!(parse_response(plain).unwrap(), (200, b"[]".to_vec()));
-        let chunked =
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n[{}\r\n1\r\n]\r\n0\r\n\r\n";
-        assert_eq!(parse_response(chunked).unwrap(), (200, b"[{}]".to_vec()));
-        let to_eof = b"HTTP/1.1 401 Unauthorized\r\n\r\nno";
-        assert_eq!(parse_response(to_eof).unwrap(), (401, b"no".to_vec()));
-        for bad in [
-            &b"garbage"[..],
-            b"HTTP/1.1 abc\r\n\r\n",
-            b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort",
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-        ] {
-            assert!(
-                parse_response(bad).is_err(),
-                "{}",
-                String::from_utf8_lossy(bad)
-            );
+    /// Serves each of `answers` (raw HTTP/1.1 bytes) to one connection on loopback, and
+    /// gives a context whose control plane is there.
+    async fn serving(answers: Vec<Vec<u8>>) -> Arc<Context> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            for answer in answers {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0u8; 1 << 16];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(&answer).await;
+                let _ = s.shutdown().await;
+            }
+        });
+        let config = Config::parse(|k| match k {
+            "AUTONOMIC_BASE_URL" => Some(url.clone()),
+            _ => None,
+        })
+        .expect("config");
+        crate::connect::test_context_with(config)
+    }
+
+    /// hyper reads what the old hand-written parser did (a length, chunks, or the body to
+    /// the close), and the 16 MiB bound holds for every form.
+    #[tokio::test]
+    async fn answers_with_length_chunked_or_neither_and_the_bound() {
+        let big = vec![b'0'; MAX_ANSWER + 1];
+        let mut oversized =
+            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", big.len()).into_bytes();
+        oversized.extend_from_slice(&big);
+        let mut oversized_chunked =
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        for piece in big.chunks(1 << 20) {
+            oversized_chunked.extend(format!("{:x}\r\n", piece.len()).into_bytes());
+            oversized_chunked.extend_from_slice(piece);
+            oversized_chunked.extend_from_slice(b"\r\n");
+        }
+        oversized_chunked.extend_from_slice(b"0\r\n\r\n");
+        let answers: Vec<Vec<u8>> = vec![
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]".to_vec(),
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n[{}\r\n1\r\n]\r\n0\r\n\r\n"
+                .to_vec(),
+            b"HTTP/1.1 401 Unauthorized\r\nConnection: close\r\n\r\nno".to_vec(),
+            b"garbage\r\n\r\n".to_vec(),
+            oversized,
+            oversized_chunked,
+        ];
+        let ctx = serving(answers).await;
+        let token = Token::new("tok_test_0123456789");
+        let post = || post(&ctx, &token, "[]".into());
+        assert_eq!(post().await.unwrap(), (200, Bytes::from_static(b"[]")));
+        assert_eq!(post().await.unwrap(), (200, Bytes::from_static(b"[{}]")));
+        assert_eq!(post().await.unwrap(), (401, Bytes::from_static(b"no")));
+        assert!(matches!(post().await, Err(DialError::Connect { .. })));
+        for _ in 0..2 {
+            match post().await {
+                Err(DialError::Report(why)) => assert_eq!(why, "answer larger than 16 MiB"),
+                other => panic!("{other:?}"),
+            }
         }
     }
 
@@ -664,7 +636,7 @@ mod tests {
             }
         }
         text.push_str(r#"{"type":"heartbeat","sent_at":"t"}]"#);
-        r.absorb(&ctx, checked(text.into_bytes()).unwrap()).await;
+        r.absorb(&ctx, checked(Bytes::from(text)).unwrap()).await;
         let snapshots = r
             .outbox
             .iter()
