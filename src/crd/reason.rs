@@ -2,10 +2,31 @@
 //! the cause of the state, not the phase's name again. CamelCase, as the Kubernetes API
 //! conventions ask; the README's "Condition and Event reasons" table lists them.
 
-/// Why an object is in its phase. A reason is part of the API: renaming one breaks
-/// users' alerts and `kubectl wait --for=condition` scripts, so add, never rename.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum Reason {
+/// Defines [`Reason`] from its variants, each name written once: the enum, `ALL` and
+/// `as_str` (the name itself, as the API shows it).
+macro_rules! reasons {
+    ($($(#[$m:meta])* $v:ident,)+) => {
+        /// Why an object is in its phase. A reason is part of the API: renaming one breaks
+        /// users' alerts and `kubectl wait --for=condition` scripts, so add, never rename.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+        pub enum Reason {
+            $($(#[$m])* $v,)+
+        }
+
+        impl Reason {
+            /// Every reason, for the documentation test.
+            pub const ALL: &[Reason] = &[$(Reason::$v,)+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Reason::$v => stringify!($v),)+
+                }
+            }
+        }
+    };
+}
+
+reasons! {
     // Ready (condition True).
     /// Agent: its pod runs and every container is ready.
     Running,
@@ -107,117 +128,8 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// Every reason, for the documentation test.
-    pub const ALL: [Reason; 48] = {
-        use Reason::*;
-        [
-            Running,
-            Serving,
-            Valid,
-            Bound,
-            Creating,
-            Scheduling,
-            Unschedulable,
-            ContainerCreating,
-            ContainersNotReady,
-            Recreating,
-            WaitingToRoll,
-            PodTerminating,
-            Replacing,
-            Paused,
-            Disabled,
-            Idle,
-            Completed,
-            SecretNotFound,
-            Deleting,
-            InvalidName,
-            InvalidSpec,
-            NoImage,
-            RuntimeNotFound,
-            RuntimeInvalid,
-            ToolNotFound,
-            MemoryNotFound,
-            NoRuntimeImage,
-            NoAgentletImage,
-            SecretInvalid,
-            PodNotOwned,
-            SecretNotOwned,
-            ServiceNotOwned,
-            PodRejected,
-            SecretRejected,
-            ServiceRejected,
-            PodNameTaken,
-            PodSecurityViolation,
-            ServiceAccountNotAllowed,
-            SecretNotAllowed,
-            SpecTooLarge,
-            ImagePullBackOff,
-            ErrImagePull,
-            InvalidImageName,
-            CrashLoopBackOff,
-            CreateContainerConfigError,
-            CreateContainerError,
-            PodFailed,
-            Evicted,
-        ]
-    };
-
-    pub fn as_str(self) -> &'static str {
-        use Reason::*;
-        match self {
-            Running => "Running",
-            Serving => "Serving",
-            Valid => "Valid",
-            Bound => "Bound",
-            Creating => "Creating",
-            Scheduling => "Scheduling",
-            Unschedulable => "Unschedulable",
-            ContainerCreating => "ContainerCreating",
-            ContainersNotReady => "ContainersNotReady",
-            Recreating => "Recreating",
-            WaitingToRoll => "WaitingToRoll",
-            PodTerminating => "PodTerminating",
-            Replacing => "Replacing",
-            Paused => "Paused",
-            Disabled => "Disabled",
-            Idle => "Idle",
-            Completed => "Completed",
-            SecretNotFound => "SecretNotFound",
-            Deleting => "Deleting",
-            InvalidName => "InvalidName",
-            InvalidSpec => "InvalidSpec",
-            NoImage => "NoImage",
-            RuntimeNotFound => "RuntimeNotFound",
-            RuntimeInvalid => "RuntimeInvalid",
-            ToolNotFound => "ToolNotFound",
-            MemoryNotFound => "MemoryNotFound",
-            NoRuntimeImage => "NoRuntimeImage",
-            NoAgentletImage => "NoAgentletImage",
-            SecretInvalid => "SecretInvalid",
-            PodNotOwned => "PodNotOwned",
-            SecretNotOwned => "SecretNotOwned",
-            ServiceNotOwned => "ServiceNotOwned",
-            PodRejected => "PodRejected",
-            SecretRejected => "SecretRejected",
-            ServiceRejected => "ServiceRejected",
-            PodNameTaken => "PodNameTaken",
-            PodSecurityViolation => "PodSecurityViolation",
-            ServiceAccountNotAllowed => "ServiceAccountNotAllowed",
-            SecretNotAllowed => "SecretNotAllowed",
-            SpecTooLarge => "SpecTooLarge",
-            ImagePullBackOff => "ImagePullBackOff",
-            ErrImagePull => "ErrImagePull",
-            InvalidImageName => "InvalidImageName",
-            CrashLoopBackOff => "CrashLoopBackOff",
-            CreateContainerConfigError => "CreateContainerConfigError",
-            CreateContainerError => "CreateContainerError",
-            PodFailed => "PodFailed",
-            Evicted => "Evicted",
-        }
-    }
-
     pub fn parse(s: &str) -> Option<Reason> {
-        Reason::ALL.into_iter().find(|r| r.as_str() == s)
+        Reason::ALL.iter().copied().find(|r| r.as_str() == s)
     }
 
     /// Whether the reason says something is wrong or stuck: every error's cause, and

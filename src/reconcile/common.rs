@@ -177,7 +177,7 @@ mod tests {
     #[test]
     fn every_reason_is_camel_case_and_parses_back() {
         let mut seen = std::collections::HashSet::new();
-        for r in Reason::ALL {
+        for &r in Reason::ALL {
             let s = r.as_str();
             assert!(seen.insert(s), "{s} twice");
             assert!(s.starts_with(|c: char| c.is_ascii_uppercase()), "{s}");
