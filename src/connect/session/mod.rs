@@ -7,26 +7,23 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use futures::{FutureExt, SinkExt, StreamExt};
+use futures::{FutureExt, StreamExt};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_tungstenite::tungstenite::protocol::frame::Frame as WsFrame;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Data, OpCode};
-use tokio_tungstenite::tungstenite::{Bytes, Error as WsError, Message};
-use tracing::Instrument;
+use tokio_tungstenite::tungstenite::Message;
 
 use super::Context;
-use super::Link;
 pub use super::progress::Transport;
-use super::progress::WriteClock;
-use super::shell::{Outgoing, Reply, Shells};
+use super::shell::{Outgoing, Shells};
 use crate::audit::now_rfc3339;
 use crate::protocol::frame::{self, Frame};
-use crate::protocol::frame::{Control, ControlResult, Delta, ErrorFrame, Heartbeat};
-use crate::protocol::wire;
+use crate::protocol::frame::{Control, Heartbeat};
+
+mod conn;
+
+use conn::{Answer, Conn, closed};
 
 /// How a session ended, which decides the wait before the next dial.
 #[derive(Debug, PartialEq, Eq)]
@@ -49,42 +46,9 @@ pub enum End {
 /// wins). Waiting the window for every change would add it to every change's latency.
 const COALESCE: Duration = Duration::from_millis(100);
 
-/// A message longer than this leaves as fragments of about this size (RFC 6455 §5.4):
-/// the socket's write buffer keeps the size of the largest frame it held, and a snapshot
-/// is 8 MB at 10 000 Agents. A snapshot's fragments are written as they are built, so
-/// its whole text is never held either. Pings and pongs may go between fragments; no
-/// data frame does, since this task sends every one.
-const PIECE: usize = 64 * 1024;
-
-/// `text` (UTF-8) in pieces of about `piece` bytes, none splitting a character, each
-/// with whether it is the last; views of the one buffer, not copies.
-fn split_text(text: Bytes, piece: usize) -> impl Iterator<Item = (Bytes, bool)> + Send {
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        if at >= text.len() {
-            return None;
-        }
-        let mut end = (at + piece.max(4)).min(text.len());
-        // Back to the start of a character (never a continuation byte, 0b10xx_xxxx).
-        while end < text.len() && text[end] & 0xC0 == 0x80 {
-            end -= 1;
-        }
-        let part = text.slice(at..end);
-        at = end;
-        Some((part, at == text.len()))
-    })
-}
-
 /// How long shell sessions get to end at shutdown, after the close (the connector has
 /// 3 s in all, 2 s when the Lease is lost; the kill exec takes about 0.1 s).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
-
-/// At most this many `control` requests run at once; past that one is answered
-/// `ok: false` at once.
-const MAX_CONTROLS: usize = 8;
-
-/// Carries out a `control` and gives the `control_result` to send (a seam for tests).
-type Answer = fn(Arc<Context>, Control) -> BoxFuture<'static, Frame>;
 
 fn answer_control(ctx: Arc<Context>, c: Control) -> BoxFuture<'static, Frame> {
     async move { super::control::answer(&ctx, c).await }.boxed()
@@ -96,327 +60,6 @@ fn answer_control(ctx: Arc<Context>, c: Control) -> BoxFuture<'static, Frame> {
 /// not (see [`super::progress`]).
 fn write_bound(heartbeat: Duration) -> Duration {
     heartbeat.saturating_mul(3)
-}
-
-struct Conn<'a, S> {
-    ws: WebSocketStream<S>,
-    seq: u64,
-    ctx: &'a Arc<Context>,
-    shells: Shells,
-    /// When the last ping left, for the round-trip gauge.
-    ping_sent: Option<Instant>,
-    /// `control` requests in flight, each its own task: a stalled API call does not
-    /// stop the socket loop.
-    controls: JoinSet<Frame>,
-    answer: Answer,
-    /// How long a write may go without the peer taking a byte before the session is dead.
-    write_bound: Duration,
-    /// When the peer last took bytes.
-    written: WriteClock,
-    /// Honoured while a write is blocked, too.
-    shutdown: watch::Receiver<bool>,
-}
-
-impl<S: Transport> Conn<'_, S> {
-    fn link(&self) -> &Link {
-        &self.ctx.link
-    }
-
-    async fn send(&mut self, frame: &Frame) -> Result<(), End> {
-        let text = frame::encode(frame);
-        if text.len() <= PIECE {
-            return self.send_message(Message::text(text)).await;
-        }
-        self.send_pieces(split_text(Bytes::from(text), PIECE))
-            .await
-            .map(drop)
-    }
-
-    /// Sends one text message as fragments, each piece one, in order: the first a text
-    /// frame, the rest continuations, the one marked last final. Returns the bytes sent.
-    async fn send_pieces(
-        &mut self,
-        pieces: impl Iterator<Item = (Bytes, bool)> + Send,
-    ) -> Result<usize, End> {
-        let mut bytes = 0;
-        let mut opcode = OpCode::Data(Data::Text);
-        for (piece, last) in pieces {
-            bytes += piece.len();
-            let fragment = WsFrame::message(piece, opcode, last);
-            self.send_message(Message::Frame(fragment)).await?;
-            opcode = OpCode::Data(Data::Continue);
-        }
-        Ok(bytes)
-    }
-
-    async fn send_message(&mut self, message: Message) -> Result<(), End> {
-        self.link().sent(message.len());
-        let bound = self.write_bound;
-        let mut shutdown = self.shutdown.clone();
-        let written = self.written.clone();
-        let started = Instant::now();
-        let send = self.ws.send(message);
-        tokio::pin!(send);
-        loop {
-            let stalled_until = written.last().max(started) + bound;
-            tokio::select! {
-                sent = &mut send => {
-                    return sent.map_err(|e| End::Dropped(format!("send failed: {e}")));
-                }
-                () = sleep_until(stalled_until) => {
-                    if written.last().max(started) + bound <= Instant::now() {
-                        tracing::warn!(bound_s = bound.as_secs(), "the control plane took no bytes within the bound: reconnecting");
-                        return Err(End::Dead);
-                    }
-                }
-                _ = shutdown.wait_for(|stop| *stop) => return Err(End::Shutdown),
-            }
-        }
-    }
-
-    async fn reply(&mut self, reply: Reply, reference: &str) -> Result<(), End> {
-        match reply {
-            Reply::None => Ok(()),
-            Reply::Frame(f) => self.send(&f).await,
-            Reply::Error(code, message) => {
-                self.error(code, message, Some(reference.to_owned())).await
-            }
-        }
-    }
-
-    async fn snapshot(&mut self) -> Result<(), End> {
-        // Everything pending is in the snapshot.
-        self.link().take_dirty();
-        self.seq += 1;
-        let started = Instant::now();
-        let pieces = wire::snapshot_pieces(super::form(self.ctx), self.seq, PIECE);
-        let bytes = self
-            .send_pieces(pieces.map(|(p, last)| (Bytes::from(p), last)))
-            .await?;
-        if self.link().snapshot_sent(bytes, started.elapsed()) {
-            tracing::info!(
-                seq = self.seq,
-                bytes,
-                ms = started.elapsed().as_millis() as u64,
-                "first snapshot sent"
-            );
-        }
-        // The first snapshot is out: the lists it did not need may start.
-        self.ctx.store.later.open();
-        Ok(())
-    }
-
-    async fn delta(&mut self) -> Result<(), End> {
-        let link = self.link();
-        let (changes, marked) = wire::changes(super::form(self.ctx), link.take_pending());
-        if changes.is_empty() {
-            return Ok(());
-        }
-        self.seq += 1;
-        self.send(&Frame::Delta(Delta {
-            seq: self.seq,
-            changes,
-        }))
-        .await?;
-        self.link().delta_sent(&marked);
-        Ok(())
-    }
-
-    async fn flush_audit(&mut self) -> Result<(), End> {
-        let queued = self.link().audit.drain_queued();
-        self.send_audit(queued, false).await
-    }
-
-    /// After the snapshot: the outbox's events first (written by this manager or an
-    /// earlier one), in order, then this manager's queue, the events of both once.
-    /// From here on an event recorded is sent at once.
-    async fn drain_audit(&mut self) -> Result<(), End> {
-        let link = self.link();
-        let outbox = match link.outbox.get() {
-            Some(o) => o.read_for_send(&link.audit.outbox).await,
-            None => Vec::new(),
-        };
-        link.audit.set_live(true);
-        let queued = link.audit.drain_queued();
-        let ours: std::collections::HashSet<&str> =
-            queued.iter().map(|q| q.event.id.as_str()).collect();
-        // The outbox's events this manager did not queue itself came before its own.
-        let mut all: Vec<crate::audit::Queued> = outbox
-            .into_iter()
-            .filter(|e| !ours.contains(e.id.as_str()))
-            .map(|event| crate::audit::Queued { event, saved: true })
-            .collect();
-        let delivered = all.len() as u64;
-        all.extend(queued);
-        // Every id of the backlog is for removal, not only those known to be in the
-        // outbox: the writer may be writing one of them right now (it chose them while
-        // no connection was live). An id not there costs a read, no write.
-        self.send_audit(all, true).await?;
-        self.link()
-            .audit
-            .outbox
-            .delivered
-            .fetch_add(delivered, Relaxed);
-        Ok(())
-    }
-
-    /// Sends the events in order; those in the outbox (all, with `remove_all`) are
-    /// removed from it once sent. A failed send puts the rest back at the front of the
-    /// queue.
-    async fn send_audit(
-        &mut self,
-        queued: Vec<crate::audit::Queued>,
-        remove_all: bool,
-    ) -> Result<(), End> {
-        let mut sent = Vec::new();
-        let mut iter = queued.into_iter();
-        let mut result = Ok(());
-        while let Some(q) = iter.next() {
-            let frame = Frame::Audit(frame::Audit {
-                event: q.event.clone(),
-            });
-            if let Err(e) = self.send(&frame).await {
-                // Not sent: back in the queue for the next connection.
-                self.link()
-                    .audit
-                    .requeue_queued(std::iter::once(q).chain(iter).collect());
-                result = Err(e);
-                break;
-            }
-            if q.saved || remove_all {
-                sent.push(q.event.id);
-            }
-        }
-        if !sent.is_empty()
-            && let Some(outbox) = self.link().outbox.get()
-        {
-            outbox.sent(sent);
-        }
-        result
-    }
-
-    async fn error(
-        &mut self,
-        code: &str,
-        message: String,
-        reference: Option<String>,
-    ) -> Result<(), End> {
-        self.link().frame_rejected();
-        let frame = Frame::Error(ErrorFrame {
-            code: code.into(),
-            message,
-            reference,
-        });
-        self.send(&frame).await
-    }
-
-    /// One message from the peer. `last_rx` moves for anything but a pong: the peer's
-    /// WebSocket library answers pings even when the control plane behind it is hung.
-    async fn on_message(
-        &mut self,
-        msg: Option<Result<Message, WsError>>,
-        last_rx: &mut Instant,
-    ) -> Result<(), End> {
-        if !matches!(msg, Some(Ok(Message::Pong(_)))) {
-            *last_rx = Instant::now();
-        }
-        match msg {
-            Some(Ok(Message::Text(t))) => self.handle_text(&t).await,
-            Some(Ok(Message::Binary(b))) => {
-                let reply = self.shells.input(&b);
-                self.reply(reply, "binary").await
-            }
-            Some(Ok(Message::Pong(_))) => {
-                if let Some(sent) = self.ping_sent.take() {
-                    self.link().heartbeat_rtt(sent.elapsed());
-                }
-                Ok(())
-            }
-            Some(Ok(Message::Close(f))) => Err(closed(f)),
-            Some(Ok(_)) => Ok(()),
-            Some(Err(e)) => Err(End::Dropped(e.to_string())),
-            None => Err(End::Dropped("connection closed".into())),
-        }
-    }
-
-    async fn handle_text(&mut self, text: &str) -> Result<(), End> {
-        let frame = match frame::decode(text) {
-            Ok(Some(f)) => f,
-            Ok(None) => {
-                tracing::debug!("ignoring a frame of unknown type");
-                return Ok(());
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "malformed frame from the control plane");
-                return self.send_bad(&e).await;
-            }
-        };
-        match frame {
-            Frame::Heartbeat(_) | Frame::Welcome(_) => Ok(()),
-            Frame::Resync => self.snapshot().await,
-            Frame::Control(c) => {
-                if self.controls.len() >= MAX_CONTROLS {
-                    tracing::warn!(id = %c.id, "too many control requests in flight: refused");
-                    let busy = Frame::ControlResult(ControlResult {
-                        id: c.id,
-                        ok: false,
-                        error: Some(format!(
-                            "{MAX_CONTROLS} control requests are already in progress"
-                        )),
-                    });
-                    return self.send(&busy).await;
-                }
-                let span = tracing::info_span!("control", id = %c.id);
-                self.controls
-                    .spawn((self.answer)(self.ctx.clone(), c).instrument(span));
-                Ok(())
-            }
-            Frame::IoOpen(o) => {
-                let reply = self.shells.open(self.ctx, o);
-                self.reply(reply, "io_open").await
-            }
-            Frame::IoResize(r) => {
-                let reply = self.shells.resize(&r);
-                self.reply(reply, "io_resize").await
-            }
-            Frame::IoClose(c) => {
-                let reply = self.shells.close(&c);
-                self.reply(reply, "io_close").await
-            }
-            Frame::Error(e) => {
-                tracing::warn!(code = %e.code, detail = %e.message, "the control plane reported an error");
-                Ok(())
-            }
-            other => {
-                let t = other.type_name();
-                self.error(
-                    "bad_frame",
-                    format!("{t} is not sent by the control plane"),
-                    Some(t.into()),
-                )
-                .await
-            }
-        }
-    }
-
-    /// Answers a frame that failed to decode with `error` (§3), and a malformed `io_open`
-    /// also on its channel when that can be read (`io_close` `denied`).
-    async fn send_bad(&mut self, e: &frame::DecodeError) -> Result<(), End> {
-        self.link().frame_rejected();
-        self.send(&Frame::bad_frame(e)).await?;
-        match self.shells.refuse_malformed(self.ctx, e) {
-            Some(close) => self.send(&close).await,
-            None => Ok(()),
-        }
-    }
-
-    async fn close(&mut self, code: u16, reason: &str) {
-        let frame = CloseFrame {
-            code: CloseCode::from(code),
-            reason: reason.to_owned().into(),
-        };
-        let _ = tokio::time::timeout(Duration::from_millis(900), self.ws.close(Some(frame))).await;
-    }
 }
 
 /// Waits for `welcome` until `deadline`, handling whatever else arrives meanwhile as the
@@ -460,13 +103,6 @@ static NO_WELCOME_WARNED: AtomicBool = AtomicBool::new(false);
 /// `true` the first time only (per `flag`): warn once, then stay quiet.
 fn first_time(flag: &AtomicBool) -> bool {
     !flag.swap(true, Relaxed)
-}
-
-fn closed(f: Option<CloseFrame>) -> End {
-    match f {
-        Some(f) => End::Closed(u16::from(f.code), f.reason.to_string()),
-        None => End::Closed(1005, String::new()),
-    }
 }
 
 /// Runs one connected session until it ends. `on_welcome` is called once the session
@@ -658,8 +294,13 @@ async fn drive<S: Transport>(
 
 #[cfg(test)]
 mod tests {
+    use super::conn::{MAX_CONTROLS, PIECE, split_text};
     use super::*;
+    use crate::protocol::frame::ControlResult;
+    use crate::protocol::wire;
+    use futures::SinkExt;
     use std::sync::Mutex;
+    use tokio_tungstenite::tungstenite::Bytes;
     use tokio_tungstenite::tungstenite::protocol::Role;
 
     type Peer = WebSocketStream<tokio::io::DuplexStream>;
