@@ -112,104 +112,109 @@ impl Default for Link {
     }
 }
 
+/// The link's single-sample families: name, help, and how to read it.
+type Sample = (&'static str, &'static str, fn(&Link) -> f64);
+
+fn n(a: &AtomicU64) -> f64 {
+    a.load(Relaxed) as f64
+}
+
+const SAMPLES: &[Sample] = &[
+    (
+        "autonomic_connected",
+        "1 while the control-plane session is up.",
+        |l| f64::from(u8::from(l.is_connected())),
+    ),
+    (
+        "autonomic_shell_sessions_open",
+        "Shell sessions open now.",
+        |l| n(&l.sessions_open),
+    ),
+    (
+        "autonomic_shell_input_bytes",
+        "Memory held by shell input waiting for its processes, all sessions (at most 16 MiB).",
+        |l| l.shell_input.load(Relaxed) as f64,
+    ),
+    (
+        "autonomic_heartbeat_rtt_seconds",
+        "Round trip of the WebSocket ping sent with the last heartbeat (0 before the first).",
+        |l| n(&l.heartbeat_rtt_us) / 1e6,
+    ),
+    (
+        "autonomic_last_welcome_timestamp_seconds",
+        "Unix time of the last welcome.",
+        |l| n(&l.last_welcome),
+    ),
+    (
+        "autonomic_reconnects_total",
+        "Dials after a session ended or failed.",
+        |l| n(&l.reconnects),
+    ),
+    (
+        "autonomic_snapshots_sent_total",
+        "Snapshot frames sent.",
+        |l| n(&l.snapshots_sent),
+    ),
+    ("autonomic_deltas_sent_total", "Delta frames sent.", |l| {
+        n(&l.deltas_sent)
+    }),
+    (
+        "autonomic_bytes_sent_total",
+        "Bytes of frames sent: text, shell output and pings.",
+        |l| n(&l.bytes_sent),
+    ),
+    (
+        "autonomic_frames_rejected_total",
+        "Frames from the control plane answered with an error.",
+        |l| n(&l.frames_rejected),
+    ),
+    (
+        "autonomic_audit_queued",
+        "Audit events waiting to be sent.",
+        |l| l.audit.queued() as f64,
+    ),
+    (
+        "autonomic_audit_queued_bytes",
+        "What the queued audit events cost in memory (bounded at 8 MiB).",
+        |l| l.audit.queued_bytes() as f64,
+    ),
+    (
+        "autonomic_audit_dropped_total",
+        "Audit events dropped because the queue was full (10 000 events or 8 MiB).",
+        |l| l.audit.dropped() as f64,
+    ),
+    (
+        "autonomic_audit_outbox_events",
+        "Audit events in the in-cluster outbox, as last read or written.",
+        |l| n(&l.audit.outbox.events),
+    ),
+    (
+        "autonomic_audit_outbox_writes_total",
+        "Writes of the audit outbox (each a batch of events or removals).",
+        |l| n(&l.audit.outbox.writes),
+    ),
+    (
+        "autonomic_audit_outbox_dropped_total",
+        "Audit events dropped from the outbox because it was full (the oldest).",
+        |l| n(&l.audit.outbox.dropped),
+    ),
+    (
+        "autonomic_audit_outbox_malformed_total",
+        "Entries of the audit outbox skipped because they were no event.",
+        |l| n(&l.audit.outbox.malformed),
+    ),
+    (
+        "autonomic_audit_outbox_delivered_total",
+        "Audit events sent from the outbox that this manager had not queued itself.",
+        |l| n(&l.audit.outbox.delivered),
+    ),
+];
+
 impl Link {
     /// The link's families of `/metrics`, the audit queue's and outbox's among them.
     pub fn render(&self, out: &mut String) {
-        let n = |a: &AtomicU64| a.load(Relaxed) as f64;
-        let outbox = &self.audit.outbox;
-        for (name, help, value) in [
-            (
-                "autonomic_connected",
-                "1 while the control-plane session is up.",
-                f64::from(u8::from(self.is_connected())),
-            ),
-            (
-                "autonomic_shell_sessions_open",
-                "Shell sessions open now.",
-                n(&self.sessions_open),
-            ),
-            (
-                "autonomic_shell_input_bytes",
-                "Memory held by shell input waiting for its processes, all sessions (at most 16 MiB).",
-                self.shell_input.load(Relaxed) as f64,
-            ),
-            (
-                "autonomic_heartbeat_rtt_seconds",
-                "Round trip of the WebSocket ping sent with the last heartbeat (0 before the first).",
-                n(&self.heartbeat_rtt_us) / 1e6,
-            ),
-            (
-                "autonomic_last_welcome_timestamp_seconds",
-                "Unix time of the last welcome.",
-                n(&self.last_welcome),
-            ),
-            (
-                "autonomic_reconnects_total",
-                "Dials after a session ended or failed.",
-                n(&self.reconnects),
-            ),
-            (
-                "autonomic_snapshots_sent_total",
-                "Snapshot frames sent.",
-                n(&self.snapshots_sent),
-            ),
-            (
-                "autonomic_deltas_sent_total",
-                "Delta frames sent.",
-                n(&self.deltas_sent),
-            ),
-            (
-                "autonomic_bytes_sent_total",
-                "Bytes of frames sent: text, shell output and pings.",
-                n(&self.bytes_sent),
-            ),
-            (
-                "autonomic_frames_rejected_total",
-                "Frames from the control plane answered with an error.",
-                n(&self.frames_rejected),
-            ),
-            (
-                "autonomic_audit_queued",
-                "Audit events waiting to be sent.",
-                self.audit.queued() as f64,
-            ),
-            (
-                "autonomic_audit_queued_bytes",
-                "What the queued audit events cost in memory (bounded at 8 MiB).",
-                self.audit.queued_bytes() as f64,
-            ),
-            (
-                "autonomic_audit_dropped_total",
-                "Audit events dropped because the queue was full (10 000 events or 8 MiB).",
-                self.audit.dropped() as f64,
-            ),
-            (
-                "autonomic_audit_outbox_events",
-                "Audit events in the in-cluster outbox, as last read or written.",
-                n(&outbox.events),
-            ),
-            (
-                "autonomic_audit_outbox_writes_total",
-                "Writes of the audit outbox (each a batch of events or removals).",
-                n(&outbox.writes),
-            ),
-            (
-                "autonomic_audit_outbox_dropped_total",
-                "Audit events dropped from the outbox because it was full (the oldest).",
-                n(&outbox.dropped),
-            ),
-            (
-                "autonomic_audit_outbox_malformed_total",
-                "Entries of the audit outbox skipped because they were no event.",
-                n(&outbox.malformed),
-            ),
-            (
-                "autonomic_audit_outbox_delivered_total",
-                "Audit events sent from the outbox that this manager had not queued itself.",
-                n(&outbox.delivered),
-            ),
-        ] {
-            family(out, name, help, value);
+        for (name, help, value) in SAMPLES {
+            family(out, name, help, value(self));
         }
         let by_reason =
             |out: &mut String, name: &str, help: &str, values: &[AtomicU64], labels: &[&str]| {
