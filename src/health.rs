@@ -163,12 +163,21 @@ async fn answer(mut stream: TcpStream, ctx: &Probe) -> std::io::Result<()> {
 }
 
 fn readiness(ctx: &Probe) -> Result<(), &'static str> {
-    if !ctx.store.synced.is_synced() {
+    let leading = ctx.metrics.leader.load(Relaxed);
+    // A managed standby is warm once the lists the first snapshot needs are in. The
+    // others wait for that snapshot (which only a leader sends), else `LATER_BOUND`:
+    // waiting for them too would hold every rolling update back by as long.
+    let warm = if ctx.managed && !leading {
+        ctx.store.wire_synced.is_synced()
+    } else {
+        ctx.store.synced.is_synced()
+    };
+    if !warm {
         return Err("watches not synced");
     }
     // A standby never connects; it is ready once warm, or a Deployment of two replicas
     // would never finish rolling out.
-    if ctx.managed && ctx.metrics.leader.load(Relaxed) && !ctx.link.is_connected() {
+    if ctx.managed && leading && !ctx.link.is_connected() {
         return Err("not connected to the control plane");
     }
     Ok(())
@@ -328,6 +337,31 @@ mod tests {
         seen.sort_unstable();
         assert_eq!(seen, expected);
         assert!(text.contains("autonomic_build_info{version=\""), "{text}");
+    }
+
+    /// A managed standby is ready once the snapshot's lists are in; a leader, and any
+    /// unmanaged replica, once every list is.
+    #[test]
+    fn a_managed_standby_is_ready_without_the_later_lists() {
+        let probe = |managed: bool, leading: bool| {
+            let p = Probe {
+                managed,
+                ..Probe::default()
+            };
+            p.store.synced.expect();
+            p.store.synced.expect();
+            p.store.wire_synced.expect();
+            p.store.wire_synced.mark();
+            p.store.synced.mark();
+            p.metrics.leader.store(leading, Relaxed);
+            p
+        };
+        assert_eq!(readiness(&probe(true, false)), Ok(()));
+        assert_eq!(readiness(&probe(true, true)), Err("watches not synced"));
+        assert_eq!(readiness(&probe(false, true)), Err("watches not synced"));
+        let all = probe(false, true);
+        all.store.synced.mark();
+        assert_eq!(readiness(&all), Ok(()));
     }
 
     /// Failed accepts are logged once per burst, and a success ends the burst.

@@ -384,15 +384,8 @@ async fn a_16_mib_http_answer_of_resyncs_is_one_snapshot() {
     let ns = TestNamespace::new(&client, "hs-http").await;
     runtime(&ns, "r").await;
     let cp = FakeReport::start().await;
-    let env = [
-        ("AUTONOMIC_MANAGED", "true"),
-        ("AUTONOMIC_TRANSPORT", "http"),
-        ("AUTONOMIC_BASE_URL", cp.url.as_str()),
-        ("AUTONOMIC_AUTH_TOKEN", TOKEN),
-        ("AUTONOMIC_BACKOFF_INITIAL_MS", "100"),
-        ("AUTONOMIC_BACKOFF_MAX_MS", "400"),
-    ];
-    let m = Manager::start(&ns.name, &env);
+    let env = http_vars(&cp.url, TOKEN);
+    let m = Manager::start(&ns.name, &pairs(&env));
     cp.wait_frame("hello", |f| f["type"] == "hello").await;
     m.wait_ready().await;
     cp.wait_frame("a heartbeat", |f| f["type"] == "heartbeat")

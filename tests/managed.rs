@@ -588,18 +588,13 @@ async fn http_transport_tells_the_lease_and_counts_its_failures() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "cp-http-link").await;
     let cp = FakeReport::start().await;
-    let env = [
-        ("AUTONOMIC_MANAGED", "true"),
-        ("AUTONOMIC_TRANSPORT", "http"),
-        ("AUTONOMIC_BASE_URL", cp.url.as_str()),
-        ("AUTONOMIC_AUTH_TOKEN", TOKEN),
-        ("AUTONOMIC_BACKOFF_INITIAL_MS", "100"),
-        ("AUTONOMIC_BACKOFF_MAX_MS", "400"),
-        ("AUTONOMIC_LEADER_ELECTION", "true"),
-        ("POD_NAMESPACE", ns.name.as_str()),
-        ("POD_NAME", "http-0"),
-    ];
-    let m = Manager::start(&ns.name, &env);
+    let mut env = http_vars(&cp.url, TOKEN);
+    env.extend([
+        ("AUTONOMIC_LEADER_ELECTION", "true".into()),
+        ("POD_NAMESPACE", ns.name.clone()),
+        ("POD_NAME", "http-0".into()),
+    ]);
+    let m = Manager::start(&ns.name, &pairs(&env));
     m.wait_ready().await;
     let leases: Api<Lease> = ns.api();
     let link = || async {
@@ -688,15 +683,8 @@ async fn legacy_http_transport_reports_and_takes_control() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "cp-http").await;
     let cp = FakeReport::start().await;
-    let env = [
-        ("AUTONOMIC_MANAGED", "true"),
-        ("AUTONOMIC_TRANSPORT", "http"),
-        ("AUTONOMIC_BASE_URL", cp.url.as_str()),
-        ("AUTONOMIC_AUTH_TOKEN", TOKEN),
-        ("AUTONOMIC_BACKOFF_INITIAL_MS", "100"),
-        ("AUTONOMIC_BACKOFF_MAX_MS", "400"),
-    ];
-    let m = Manager::start(&ns.name, &env);
+    let env = http_vars(&cp.url, TOKEN);
+    let m = Manager::start(&ns.name, &pairs(&env));
     // hello first, then the snapshot, in one post.
     cp.wait_frame("hello", |f| f["type"] == "hello").await;
     let first = cp.posts()[0].clone();

@@ -150,7 +150,7 @@ impl SyncGate {
     pub fn expect(&self) {
         self.expected.fetch_add(1, Ordering::SeqCst);
     }
-    pub(super) fn mark(&self) {
+    pub(crate) fn mark(&self) {
         self.synced.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_waiters();
     }

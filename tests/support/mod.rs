@@ -670,6 +670,18 @@ pub fn managed_vars(url: String, token: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// [`managed_vars`] over the legacy HTTP transport (PROTOCOL.md §8).
+pub fn http_vars(url: &str, token: &str) -> Vec<(&'static str, String)> {
+    let mut env = managed_vars(url.to_owned(), token);
+    env.push(("AUTONOMIC_TRANSPORT", "http".into()));
+    env
+}
+
+/// The variables as `Manager::start` takes them.
+pub fn pairs<'a>(env: &'a [(&'a str, String)]) -> Vec<(&'a str, &'a str)> {
+    env.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
 /// A JSON merge patch of object `name`.
 pub async fn merge<K>(api: &Api<K>, name: &str, patch: serde_json::Value)
 where
