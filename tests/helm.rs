@@ -301,7 +301,7 @@ async fn helm_install_then_the_platforms_command_manages_it_end_to_end() {
     .await;
     assert_eq!(cp.max_connections(), 1);
 
-    // 7. The preflight as the README runs it: `kubectl exec` into the manager's pod (the
+    // 7. The preflight as docs/operations.md runs it: `kubectl exec` into the manager's pod (the
     //    image has no shell; the binary is the command), with the pod's own identity,
     //    configuration, mounted token and CA bundle. Every step passes, the last being
     //    the rotated token accepted by the control plane. (In the leader's pod: the
