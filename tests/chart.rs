@@ -155,6 +155,60 @@ fn chart_readme_and_artifact_hub_metadata_are_the_charts_own() {
     }
 }
 
+/// The `helm test` hook pod runs `autonomic-manager check` with exactly the Deployment's
+/// identity, image, environment, files and security context (one definition in the
+/// chart's helpers), and is no pod of the Deployment's.
+#[test]
+fn the_helm_test_pod_runs_check_with_the_releases_configuration() {
+    let docs = documents(&render_chart(
+        "autonomic-system",
+        &sets(&[
+            "manager.managed=true",
+            "manager.clusterID=c1",
+            "manager.watchNamespaces={a,b}",
+            "manager.caBundle.configMapName=corp-ca",
+            "manager.proxy.httpsProxy=http://proxy:3128",
+            "manager.extraEnv[0].name=EXTRA",
+            "manager.extraEnv[0].value=on",
+            "manager.image.digest=sha256:0123456789012345678901234567890123456789012345678901234567890123",
+        ]),
+    ));
+    let pods = kinds(&docs, "Pod");
+    assert_eq!(pods.len(), 1, "one test hook pod");
+    let pod = pods[0];
+    assert_eq!(pod["metadata"]["annotations"]["helm.sh/hook"], "test");
+    let template = &deployment(&docs)["spec"]["template"];
+    let (check, manager) = (
+        &pod["spec"]["containers"][0],
+        &template["spec"]["containers"][0],
+    );
+    assert_eq!(
+        check["command"],
+        serde_json::json!(["/autonomic-manager", "check"])
+    );
+    for field in [
+        "image",
+        "imagePullPolicy",
+        "env",
+        "volumeMounts",
+        "securityContext",
+    ] {
+        assert_eq!(check[field], manager[field], "{field}");
+    }
+    for field in ["serviceAccountName", "volumes", "securityContext"] {
+        assert_eq!(pod["spec"][field], template["spec"][field], "{field}");
+    }
+    assert!(env(&docs, "EXTRA").is_some());
+    let selector = deployment(&docs)["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap();
+    let labels = pod["metadata"]["labels"].as_object().unwrap();
+    assert!(
+        !selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
+        "the test pod carries the Deployment's selector: its ReplicaSet would adopt it"
+    );
+}
+
 #[test]
 fn mistyped_values_fail_at_install_time() {
     for (bad, says) in [
