@@ -51,7 +51,7 @@ struct Mirror {
 }
 
 impl Mirror {
-    fn start(work: &Path) -> Mirror {
+    async fn start(work: &Path) -> Mirror {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -97,14 +97,14 @@ impl Mirror {
             log,
             hosts,
         };
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         while get(port, "/v2/", "*/*").map(|(s, _)| s) != Some(200) {
             assert!(
                 started.elapsed() < Duration::from_secs(10),
                 "docker-registry did not answer: {}",
                 std::fs::read_to_string(&mirror.log).unwrap_or_default()
             );
-            std::thread::sleep(Duration::from_millis(100));
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         mirror
     }
@@ -138,7 +138,7 @@ async fn air_gapped_install_pulls_the_image_from_a_mirror_registry() {
         .as_nanos();
     let work = log_dir().join(format!("mirror-{}-{nanos:x}", std::process::id()));
     std::fs::create_dir_all(&work).unwrap();
-    let mirror = Mirror::start(&work);
+    let mirror = Mirror::start(&work).await;
     let registry = mirror.addr();
 
     // 1. Mirror the image, both platforms, as the docs say.
