@@ -78,6 +78,137 @@ fn deploy_yaml_is_the_chart_rendered_with_default_values() {
     }
 }
 
+/// charts/autonomic/README.md is what scripts/gen-chart-readme writes from the chart
+/// (values.yaml, values.schema.json, the Deployment's security context), so its values
+/// table cannot drift; and the images Chart.yaml announces to Artifact Hub are the ones
+/// the chart renders by default.
+#[test]
+fn chart_readme_and_artifact_hub_metadata_are_the_charts_own() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let generated =
+        run_ok(Command::new(format!("{root}/scripts/gen-chart-readme")).arg("--stdout"));
+    let committed = std::fs::read_to_string(format!("{CHART}/README.md")).unwrap();
+    assert!(
+        generated == committed,
+        "charts/autonomic/README.md drifted from the chart: run scripts/gen-chart-readme and commit the result"
+    );
+    // Every value of values.yaml has its row (or is inside a map that has one).
+    let values = std::fs::read_to_string(format!("{CHART}/values.yaml")).unwrap();
+    for key in [
+        "managed",
+        "baseURL",
+        "caBundle",
+        "watchNamespaces",
+        "prometheusRule",
+    ] {
+        assert!(
+            values.contains(&format!("  {key}:"))
+                && committed.contains(&format!("| `manager.{key}")),
+            "no row for manager.{key}"
+        );
+    }
+    let chart: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(format!("{CHART}/Chart.yaml")).unwrap())
+            .unwrap();
+    let annotations = &chart["annotations"];
+    for key in [
+        "artifacthub.io/images",
+        "artifacthub.io/crds",
+        "artifacthub.io/license",
+        "artifacthub.io/containsSecurityUpdates",
+    ] {
+        assert!(annotations[key].is_string(), "Chart.yaml has no {key}");
+    }
+    let announced: Vec<Value> =
+        serde_saphyr::from_str(annotations["artifacthub.io/images"].as_str().unwrap()).unwrap();
+    let announced: Vec<&str> = announced
+        .iter()
+        .map(|i| i["image"].as_str().unwrap())
+        .collect();
+    let docs = documents(&render_chart("autonomic-system", &[]));
+    let manager = deployment(&docs)["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap();
+    let agentlet = env(&docs, "AUTONOMIC_AGENTLET_IMAGE").unwrap()["value"]
+        .as_str()
+        .unwrap();
+    assert_eq!(announced, [manager, agentlet]);
+    let crds: Vec<Value> =
+        serde_saphyr::from_str(annotations["artifacthub.io/crds"].as_str().unwrap()).unwrap();
+    let mut names: Vec<&str> = crds.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    names.sort();
+    let mut shipped: Vec<String> = std::fs::read_dir(format!("{CHART}/crds"))
+        .unwrap()
+        .map(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .trim_end_matches(".yaml")
+                .to_owned()
+        })
+        .collect();
+    shipped.sort();
+    assert_eq!(names, shipped);
+    assert_eq!(annotations["artifacthub.io/license"], "Apache-2.0");
+    for key in ["maintainers", "sources", "home", "icon"] {
+        assert!(!chart[key].is_null(), "Chart.yaml has no {key}");
+    }
+}
+
+/// The `helm test` hook pod runs `autonomic-manager check` with exactly the Deployment's
+/// identity, image, environment, files and security context (one definition in the
+/// chart's helpers), and is no pod of the Deployment's.
+#[test]
+fn the_helm_test_pod_runs_check_with_the_releases_configuration() {
+    let docs = documents(&render_chart(
+        "autonomic-system",
+        &sets(&[
+            "manager.managed=true",
+            "manager.clusterID=c1",
+            "manager.watchNamespaces={a,b}",
+            "manager.caBundle.configMapName=corp-ca",
+            "manager.proxy.httpsProxy=http://proxy:3128",
+            "manager.extraEnv[0].name=EXTRA",
+            "manager.extraEnv[0].value=on",
+            "manager.image.digest=sha256:0123456789012345678901234567890123456789012345678901234567890123",
+        ]),
+    ));
+    let pods = kinds(&docs, "Pod");
+    assert_eq!(pods.len(), 1, "one test hook pod");
+    let pod = pods[0];
+    assert_eq!(pod["metadata"]["annotations"]["helm.sh/hook"], "test");
+    let template = &deployment(&docs)["spec"]["template"];
+    let (check, manager) = (
+        &pod["spec"]["containers"][0],
+        &template["spec"]["containers"][0],
+    );
+    assert_eq!(
+        check["command"],
+        serde_json::json!(["/autonomic-manager", "check"])
+    );
+    for field in [
+        "image",
+        "imagePullPolicy",
+        "env",
+        "volumeMounts",
+        "securityContext",
+    ] {
+        assert_eq!(check[field], manager[field], "{field}");
+    }
+    for field in ["serviceAccountName", "volumes", "securityContext"] {
+        assert_eq!(pod["spec"][field], template["spec"][field], "{field}");
+    }
+    assert!(env(&docs, "EXTRA").is_some());
+    let selector = deployment(&docs)["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap();
+    let labels = pod["metadata"]["labels"].as_object().unwrap();
+    assert!(
+        !selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
+        "the test pod carries the Deployment's selector: its ReplicaSet would adopt it"
+    );
+}
+
 #[test]
 fn mistyped_values_fail_at_install_time() {
     for (bad, says) in [

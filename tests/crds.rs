@@ -38,7 +38,7 @@ fn crds_dir_matches_the_types() {
 }
 
 /// Where Helm expects CRDs: installed before the templates, never upgraded or deleted
-/// by Helm (the README says how to upgrade them).
+/// by Helm (docs/install.md says how to upgrade them).
 #[test]
 fn the_charts_crds_are_the_same() {
     check_dir(concat!(

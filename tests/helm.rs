@@ -21,18 +21,6 @@ use support::*;
 const TOKEN_A: &str = "tok_live_helm_a1b2c3d4e5f6";
 const TOKEN_B: &str = "tok_live_helm_f6e5d4c3b2a1";
 
-/// The address of the test bed's pod bridge on this machine: pods reach the host there,
-/// and nothing else on the network is involved.
-fn bridge_ip() -> std::net::Ipv4Addr {
-    let out = run_ok(Command::new("ip").args(["-4", "-o", "addr", "show", "dev", "autonomic-tb0"]));
-    out.split_whitespace()
-        .skip_while(|w| *w != "inet")
-        .nth(1)
-        .and_then(|cidr| cidr.split('/').next())
-        .and_then(|ip| ip.parse().ok())
-        .unwrap_or_else(|| panic!("no IPv4 address on the test bed's bridge: {out:?}"))
-}
-
 /// `helm ARGS` in the release namespace (HELM_NAMESPACE, so the platform's command line
 /// stays as documented); its output, or a panic.
 fn helm_in(ns: &str, args: &[&str]) -> String {
@@ -301,7 +289,7 @@ async fn helm_install_then_the_platforms_command_manages_it_end_to_end() {
     .await;
     assert_eq!(cp.max_connections(), 1);
 
-    // 7. The preflight as the README runs it: `kubectl exec` into the manager's pod (the
+    // 7. The preflight as docs/operations.md runs it: `kubectl exec` into the manager's pod (the
     //    image has no shell; the binary is the command), with the pod's own identity,
     //    configuration, mounted token and CA bundle. Every step passes, the last being
     //    the rotated token accepted by the control plane. (In the leader's pod: the

@@ -1,7 +1,7 @@
 //! Hostile sizes (issue 11): a control plane, a namespace user or a port scanner sends
 //! the most it can. For each, the manager (its own process, as the chart's
 //! ServiceAccount) stays up, its peak memory (`VmHWM` of `/proc/<pid>/status`) grows by
-//! no more than the bound stated here and in the README's Bounds, and the link to the
+//! no more than the bound stated here and in docs/design.md's Bounds, and the link to the
 //! control plane recovers or never breaks. The measured growth is printed
 //! (`--no-capture`).
 

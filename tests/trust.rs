@@ -275,7 +275,7 @@ async fn a_tenant_gets_only_the_service_accounts_and_secrets_offered_to_agents()
         ("Pending", "SecretNotAllowed")
     );
 
-    // Withdrawn: a running pod keeps what it started with (README); a new one is not
+    // Withdrawn: a running pod keeps what it started with (docs/design.md); a new one is not
     // made, and the Agent says why within 10 s of the pod's going.
     offer(&ns.name, "serviceaccount", "robot", false);
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -439,7 +439,7 @@ async fn a_tenants_template_gets_the_restricted_level_merged_and_never_privilege
         pods.get_opt("root").await.unwrap()
     })
     .await;
-    // Raised again: the running pod is left as it is (README), the Agent says that it
+    // Raised again: the running pod is left as it is (docs/design.md), the Agent says that it
     // would not be made now.
     label_namespace(&ns.name, "autonomic.sh/pod-security-");
     within(LABEL_EFFECT, "root refused again", || async {

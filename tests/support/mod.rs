@@ -931,3 +931,94 @@ pub fn fake_kubeconfig(dir: &Path, port: u16) -> PathBuf {
     .unwrap();
     kubeconfig
 }
+
+/// The address of the test bed's pod bridge on this machine: pods reach the host there,
+/// and nothing else on the network is involved.
+pub fn bridge_ip() -> std::net::Ipv4Addr {
+    let out = run_ok(Command::new("ip").args(["-4", "-o", "addr", "show", "dev", "autonomic-tb0"]));
+    out.split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|cidr| cidr.split('/').next())
+        .and_then(|ip| ip.parse().ok())
+        .unwrap_or_else(|| panic!("no IPv4 address on the test bed's bridge: {out:?}"))
+}
+
+/// `--set-string` arguments that point the chart at the manager image under test.
+/// scripts/test loads it under the chart's default name; a run beside others on a shared
+/// test bed may load its own build under another (`AUTONOMIC_TEST_MANAGER_IMAGE`).
+pub fn manager_image_sets() -> Vec<String> {
+    let Ok(image) = std::env::var("AUTONOMIC_TEST_MANAGER_IMAGE") else {
+        return Vec::new();
+    };
+    let (repo, tag) = image.rsplit_once(':').unwrap();
+    let (registry, repository) = repo.split_once('/').unwrap();
+    [
+        format!("manager.image.registry={registry}"),
+        format!("manager.image.repository={repository}"),
+        format!("manager.image.tag={tag}"),
+    ]
+    .into_iter()
+    .flat_map(|set| ["--set-string".to_owned(), set])
+    .collect()
+}
+
+/// A Helm release of a test, in its namespace; uninstalled on drop (its cluster-scoped
+/// RBAC would outlive the namespace). `helm` runs with `HELM_NAMESPACE`, so command lines
+/// stay as the docs write them.
+pub struct HelmRelease {
+    pub namespace: String,
+    pub name: String,
+    env: Vec<(String, String)>,
+}
+
+impl HelmRelease {
+    pub fn new(namespace: &str, name: &str) -> Self {
+        HelmRelease {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            env: Vec::new(),
+        }
+    }
+
+    /// Extra environment for every `helm` call (a private repository config, say).
+    pub fn with_env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(helm());
+        cmd.env("HELM_NAMESPACE", &self.namespace)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .args(args);
+        cmd
+    }
+
+    /// `helm ARGS`: its output, or a panic.
+    pub fn helm(&self, args: &[&str]) -> String {
+        run_ok(&mut self.command(args))
+    }
+
+    /// `helm ARGS`: whether it succeeded, and stdout and stderr together.
+    pub fn try_helm(&self, args: &[&str]) -> (bool, String) {
+        let out = self
+            .command(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run helm {args:?}: {e}"));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+}
+
+impl Drop for HelmRelease {
+    fn drop(&mut self) {
+        let _ = self
+            .command(&["uninstall", &self.name, "--ignore-not-found"])
+            .output();
+    }
+}

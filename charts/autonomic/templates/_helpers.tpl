@@ -129,3 +129,125 @@ deletes the pod, which the workload rules grant anyway: a pod is recreated.)
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end -}}
+
+{{/*
+The manager's configuration: its environment, and the token and CA files it reads.
+One definition for the Deployment and for the `helm test` pod (templates/tests), so that
+`helm test` checks the release exactly as it runs.
+*/}}
+{{- define "autonomic.env" -}}
+{{- $m := .Values.manager -}}
+- name: AUTONOMIC_MANAGED
+  value: {{ $m.managed | quote }}
+- name: AUTONOMIC_BASE_URL
+  value: {{ $m.baseURL | quote }}
+# The token is a file from the Secret (below), re-read before every dial and
+# watched while waiting to dial again: no restart on creation or rotation.
+- name: AUTONOMIC_AUTH_TOKEN_FILE
+  value: /var/run/secrets/autonomic/auth/token
+{{- with $m.clusterID }}
+- name: AUTONOMIC_CLUSTER_ID
+  value: {{ . | quote }}
+{{- end }}
+- name: AUTONOMIC_TRANSPORT
+  value: {{ $m.transport | quote }}
+{{- if $m.allowInsecure }}
+- name: AUTONOMIC_ALLOW_INSECURE
+  value: "true"
+{{- end }}
+{{- if include "autonomic.hasCA" . }}
+- name: AUTONOMIC_CA_FILE
+  value: /etc/autonomic/ca/ca.crt
+{{- end }}
+{{- with $m.proxy.httpsProxy }}
+- name: HTTPS_PROXY
+  value: {{ . | quote }}
+{{- end }}
+{{- with $m.proxy.noProxy }}
+- name: NO_PROXY
+  value: {{ . | quote }}
+{{- end }}
+# Comma-separated namespaces to watch; empty watches all.
+- name: AUTONOMIC_NAMESPACES
+  value: {{ join "," $m.watchNamespaces | quote }}
+- name: AUTONOMIC_AGENTLET_IMAGE
+  value: {{ include "autonomic.image" (list $m.agentlet.image .) | quote }}
+- name: AUTONOMIC_AGENTLET_RESOURCES
+  value: {{ toJson $m.agentlet.resources | quote }}
+- name: AUTONOMIC_LEADER_ELECTION
+  value: {{ $m.leaderElection | quote }}
+- name: AUTONOMIC_LOG_FORMAT
+  value: {{ $m.log.format | quote }}
+- name: AUTONOMIC_LOG
+  value: {{ $m.log.level | quote }}
+- name: AUTONOMIC_MAX_SESSIONS
+  value: {{ $m.maxSessions | quote }}
+- name: AUTONOMIC_ROLL_MAX
+  value: {{ $m.rollMax | quote }}
+- name: AUTONOMIC_POD_SECURITY
+  value: {{ $m.podSecurity | quote }}
+{{- /* int64: Helm reads a values file's numbers as floats, 1.048576e+06 */}}
+- name: AUTONOMIC_MAX_SPEC_BYTES
+  value: {{ $m.maxSpecBytes | int64 | quote }}
+- name: AUTONOMIC_WIRE_ENV_VALUES
+  value: {{ $m.wire.envValues | quote }}
+- name: AUTONOMIC_SHELL_ENABLED
+  value: {{ $m.shell.enabled | quote }}
+- name: AUTONOMIC_CONTROL_ACTIONS
+  value: {{ $m.control.actions | join "," | default "none" | quote }}
+- name: AUTONOMIC_PROBE_ADDR
+  value: ":8081"
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+# Link Events go on the manager's pod; `kubectl describe pod` finds them by uid.
+- name: POD_UID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.uid
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+{{- with $m.extraEnv }}
+{{- toYaml . | nindent 0 }}
+{{- end }}
+{{- end -}}
+
+{{- define "autonomic.volumeMounts" -}}
+{{- $m := .Values.manager -}}
+- name: auth
+  mountPath: /var/run/secrets/autonomic/auth
+  readOnly: true
+{{- if include "autonomic.hasCA" . }}
+- name: ca
+  mountPath: /etc/autonomic/ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "autonomic.volumes" -}}
+{{- $m := .Values.manager -}}
+# optional: the Secret may come after the install; the kubelet fills the volume
+# when it appears and refreshes it when it changes.
+- name: auth
+  secret:
+    secretName: {{ $m.authTokenSecret.name }}
+    optional: true
+    items:
+      - key: {{ $m.authTokenSecret.key }}
+        path: token
+{{- if include "autonomic.hasCA" . }}
+- name: ca
+  configMap:
+    name: {{ include "autonomic.caConfigMap" . }}
+    items:
+      - key: {{ if $m.caBundle.configMapName }}{{ $m.caBundle.configMapKey }}{{ else }}ca.crt{{ end }}
+        path: ca.crt
+{{- end }}
+{{- end -}}

@@ -1,0 +1,300 @@
+//! The platform's install path, literally: `scripts/chart-repo` writes a chart repository,
+//! served here on loopback by a tiny static HTTP server; `helm repo add exo …` (with a
+//! private Helm configuration and cache), `helm install autonomic exo/autonomic`, then the
+//! platform's documented commands word for word, but for the token and the base URL:
+//!
+//! ```sh
+//! kubectl -n autonomic-system create secret generic autonomic-auth --from-literal=token=<your-deployment-token>
+//! helm upgrade autonomic exo/autonomic --reuse-values \
+//!   --set manager.managed=true --set manager.baseURL=https://exo.example.com \
+//!   --set manager.authTokenSecret.name=autonomic-auth --set manager.authTokenSecret.key=token
+//! kubectl -n autonomic-system logs deploy/autonomic-manager --tail=50
+//! ```
+//!
+//! against the fake control plane over TLS with a private CA given through the chart's
+//! `caBundle`; the log command shows `connected` within 10 s of the upgrade. The release
+//! lives in `autonomic-system`, as the commands say (no other test of the suite uses that
+//! namespace); a leftover from an interrupted run is removed first.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+use tokio::time::Instant;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams};
+use support::fake_cp::FakeCp;
+use support::*;
+
+const NS: &str = "autonomic-system";
+const TOKEN: &str = "tok_live_repo_5e1f9a3c7b";
+
+/// Serves the files of `dir` over HTTP on 127.0.0.1 (a static web host, as a chart
+/// repository needs no more); its port. One thread, one request per connection.
+fn serve(dir: PathBuf) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut line = String::new();
+            if BufReader::new(&stream).read_line(&mut line).is_err() {
+                continue;
+            }
+            let path = line.split_whitespace().nth(1).unwrap_or("/");
+            let name = path.trim_start_matches('/');
+            let file = (!name.is_empty() && !name.contains("..") && !name.contains('/'))
+                .then(|| std::fs::read(dir.join(name)).ok())
+                .flatten();
+            let _ = match file {
+                Some(body) => stream
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .and_then(|_| stream.write_all(&body)),
+                None => stream.write_all(
+                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                ),
+            };
+        }
+    });
+    port
+}
+
+/// `autonomic-system`, deleted on drop (and before the test, if an interrupted run left it).
+struct SystemNamespace;
+
+impl SystemNamespace {
+    async fn fresh(client: &kube::Client) -> Self {
+        let api: Api<Namespace> = Api::all(client.clone());
+        if api.get_opt(NS).await.unwrap().is_some() {
+            let _ = Command::new(helm())
+                .args(["uninstall", "autonomic", "-n", NS, "--ignore-not-found"])
+                .output();
+            let _ = api.delete(NS, &DeleteParams::background()).await;
+            wait_gone(&api, NS).await;
+        }
+        SystemNamespace
+    }
+}
+
+impl Drop for SystemNamespace {
+    fn drop(&mut self) {
+        let _ = kubectl(&["delete", "namespace", NS, "--wait=false"], None);
+    }
+}
+
+#[tokio::test]
+async fn the_platforms_commands_from_a_chart_repository_connect_within_10_s() {
+    require_node();
+    let client = client().await;
+    let _system = SystemNamespace::fresh(&client).await;
+    let agents = TestNamespace::new(&client, "repo-agents").await;
+    let (ca, cert, key) = support::pki::test_pki_for(&[bridge_ip()]);
+
+    // The repository, as a static host serves it.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let work = log_dir().join(format!("helm-repo-{}-{nanos:x}", std::process::id()));
+    let repo = work.join("repo");
+    run_ok(Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/chart-repo")).arg(&repo));
+    let port = serve(repo);
+    let home = |dir: &str| work.join(dir).display().to_string();
+    let release = HelmRelease::new(NS, "autonomic")
+        .with_env("HELM_REPOSITORY_CONFIG", &home("config/repositories.yaml"))
+        .with_env("HELM_REPOSITORY_CACHE", &home("cache/repository"))
+        .with_env("HELM_CACHE_HOME", &home("cache"))
+        .with_env("HELM_CONFIG_HOME", &home("config"))
+        .with_env("HELM_DATA_HOME", &home("data"));
+
+    // An unreachable repository: Helm's own error, and nothing added.
+    let (ok, out) = release.try_helm(&["repo", "add", "nowhere", "http://127.0.0.1:9/"]);
+    assert!(!ok && out.contains("cannot be reached"), "{out}");
+
+    let added = Instant::now();
+    release.helm(&["repo", "add", "exo", &format!("http://127.0.0.1:{port}")]);
+    let listed = release.helm(&["search", "repo", "exo/autonomic"]);
+    assert!(listed.contains("exo/autonomic"), "{listed}");
+
+    // 1. Install from the repository (unmanaged), with the operator's choices made before
+    //    going managed: the namespace it watches, the agentlet image of the bed, and
+    //    trust in the control plane's private CA.
+    let mut install: Vec<String> = [
+        "install",
+        "autonomic",
+        "exo/autonomic",
+        "--namespace",
+        NS,
+        "--create-namespace",
+        "--set",
+    ]
+    .map(String::from)
+    .to_vec();
+    install.push(format!("manager.watchNamespaces={{{}}}", agents.name));
+    install.extend(
+        [
+            "--set",
+            "manager.agentlet.image.registry=autonomic.test",
+            "--set",
+            "manager.agentlet.image.repository=agentlet",
+            "--set-string",
+            "manager.agentlet.image.tag=1",
+            "--set-file",
+        ]
+        .map(String::from),
+    );
+    install.push(format!("manager.caBundle.pem={}", ca.display()));
+    install.extend(manager_image_sets());
+    release.helm(&install.iter().map(String::as_str).collect::<Vec<_>>());
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    wait_for(&deployments, "autonomic-manager", "2 available", |d| {
+        d.status
+            .as_ref()
+            .is_some_and(|s| s.available_replicas.unwrap_or(0) >= 2)
+    })
+    .await;
+
+    // 2. The platform's commands, word for word but for the token and the base URL.
+    let cp = FakeCp::start_tls_on(bridge_ip(), &cert, &key).await;
+    cp.set_token(Some(TOKEN));
+    let token = format!("--from-literal=token={TOKEN}");
+    let (ok, out) = kubectl(
+        &[
+            "-n",
+            "autonomic-system",
+            "create",
+            "secret",
+            "generic",
+            "autonomic-auth",
+            &token,
+        ],
+        None,
+    );
+    assert!(ok, "{out}");
+    let base_url = format!("manager.baseURL={}", cp.url());
+    let upgraded = Instant::now();
+    release.helm(&[
+        "upgrade",
+        "autonomic",
+        "exo/autonomic",
+        "--reuse-values",
+        "--set",
+        "manager.managed=true",
+        "--set",
+        &base_url,
+        "--set",
+        "manager.authTokenSecret.name=autonomic-auth",
+        "--set",
+        "manager.authTokenSecret.key=token",
+    ]);
+    let upgrade_returned = upgraded.elapsed();
+    let wss = cp.url().replacen("https://", "wss://", 1);
+    let connected = loop {
+        let (ok, out) = kubectl(
+            &[
+                "-n",
+                "autonomic-system",
+                "logs",
+                "deploy/autonomic-manager",
+                "--tail=50",
+            ],
+            None,
+        );
+        // The leader's "connected to the control plane" (its URL a field), or the
+        // standby's "the leader says: connected to wss://…"; never "not connected to …".
+        let line = out.lines().find(|l| {
+            l.contains("connected to") && !l.contains("not connected") && l.contains(&wss)
+        });
+        if let (true, Some(line)) = (ok, line) {
+            eprintln!("the log command shows: {line}");
+            break upgraded.elapsed();
+        }
+        assert!(
+            upgraded.elapsed() < Duration::from_secs(60),
+            "no `connected` in the log command's output 60 s after the upgrade:\n{out}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let repo_add_to_connected = added.elapsed();
+    let timings = serde_json::json!({
+        "upgrade_returned_ms": upgrade_returned.as_millis() as u64,
+        "upgrade_to_connected_log_ms": connected.as_millis() as u64,
+        "repo_add_to_connected_log_ms": repo_add_to_connected.as_millis() as u64,
+    });
+    eprintln!("chart repository timings: {timings}");
+    std::fs::write(
+        log_dir().join("helm-repo-timings.json"),
+        timings.to_string(),
+    )
+    .unwrap();
+    // The issue's bound. Seen on the 2-core bed: 8.0 to 11.9 s. Most of it is the
+    // rollout: a managed standby's /readyz waits for its Secret and Service lists, which
+    // it starts up to 5 s late (docs/design.md, Scale and sizing: "Start"), and the log
+    // command may pick the standby, which repeats the leader's state up to 2 s later.
+    assert!(
+        connected <= Duration::from_secs(10),
+        "`connected` showed {connected:?} after the upgrade began, over 10 s"
+    );
+    cp.wait_frame("the first snapshot", |r| r.frame_type() == Some("snapshot"))
+        .await;
+
+    // 3. Verify the pod, as the platform's dashboard says: `helm test`.
+    let (ok, out) = release.try_helm(&["test", "autonomic", "--logs"]);
+    assert!(ok, "helm test failed:\n{out}");
+
+    // 4. helm uninstall leaves no object of the chart's: none in the namespace but what
+    //    the docs say stays (the token Secret, the manager's Lease and audit outbox), and
+    //    no cluster-wide RBAC of the release.
+    release.helm(&["uninstall", "autonomic"]);
+    wait_gone(&deployments, "autonomic-manager").await;
+    let (ok, out) = kubectl(
+        &[
+            "get",
+            "clusterroles,clusterrolebindings",
+            "-l",
+            "app.kubernetes.io/instance=autonomic",
+            "-o",
+            "name",
+        ],
+        None,
+    );
+    assert!(
+        ok && !out.contains(&format!("-{NS}")),
+        "cluster-wide RBAC left behind:\n{out}"
+    );
+    // The Deployment's ReplicaSets and pods go by garbage collection, a moment later.
+    let left = || {
+        kubectl(
+            &[
+                "-n",
+                NS,
+                "get",
+                "all,configmaps,secrets,serviceaccounts,roles,rolebindings,poddisruptionbudgets",
+                "-l",
+                "app.kubernetes.io/instance=autonomic",
+                "-o",
+                "name",
+            ],
+            None,
+        )
+    };
+    wait_until(
+        "nothing of the release left in autonomic-system",
+        || async {
+            let (ok, out) = left();
+            ok && out.trim().is_empty()
+        },
+    )
+    .await;
+}

@@ -1,0 +1,271 @@
+//! The air-gapped install as a user runs it, on the bed: Debian's `docker-registry` (the
+//! CNCF distribution registry) on loopback is the mirror; `skopeo copy --all` copies the
+//! multi-arch image from the OCI layout `target/image/oci` into it; `scripts/chart-repo
+//! --oci` pushes the chart there; `helm install … oci://…` with `global.imageRegistry`
+//! pointing at the mirror; and the bed's containerd pulls the manager's image from it,
+//! under a name only that registry can supply. A mirror that cannot be reached fails
+//! `helm install` with Helm's own error and leaves no release.
+//!
+//! The packages come from `ensure_mirror_tools` (scripts/lib.sh); the layout from
+//! `scripts/image` (scripts/test runs both first).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tokio::time::Instant;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use support::*;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// A GET on 127.0.0.1:port; the status and the body.
+fn get(port: u16, path: &str, accept: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}
+
+/// The registry, its log, and the containerd hosts entry that lets the bed pull from it
+/// over plain HTTP; all stopped or removed on drop.
+struct Mirror {
+    port: u16,
+    child: Child,
+    log: PathBuf,
+    hosts: PathBuf,
+}
+
+impl Mirror {
+    async fn start(work: &Path) -> Mirror {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let config = work.join("registry.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog: {{level: info}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\nhttp: {{addr: 127.0.0.1:{port}}}\n",
+                work.join("storage").display()
+            ),
+        )
+        .unwrap();
+        let log = work.join("registry.log");
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("docker-registry (scripts/lib.sh ensure_mirror_tools installs it)");
+        // containerd reads hosts.toml under the CRI's config_path at each pull.
+        let bed = std::env::var("AUTONOMIC_TESTBED_DIR")
+            .unwrap_or_else(|_| "/tmp/autonomic-testbed".into());
+        let certs = Path::new(&bed).join("containerd/certs.d");
+        assert!(
+            certs.parent().unwrap().is_dir(),
+            "no containerd of the project's test bed at {bed}"
+        );
+        let hosts = certs.join(format!("127.0.0.1:{port}"));
+        std::fs::create_dir_all(&hosts).unwrap();
+        std::fs::write(
+            hosts.join("hosts.toml"),
+            format!(
+                "server = \"http://127.0.0.1:{port}\"\n\n[host.\"http://127.0.0.1:{port}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+            ),
+        )
+        .unwrap();
+        let mirror = Mirror {
+            port,
+            child,
+            log,
+            hosts,
+        };
+        let started = Instant::now();
+        while get(port, "/v2/", "*/*").map(|(s, _)| s) != Some(200) {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "docker-registry did not answer: {}",
+                std::fs::read_to_string(&mirror.log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        mirror
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.hosts);
+    }
+}
+
+#[tokio::test]
+async fn air_gapped_install_pulls_the_image_from_a_mirror_registry() {
+    require_node();
+    let layout = concat!(env!("CARGO_MANIFEST_DIR"), "/target/image/oci");
+    assert!(
+        Path::new(layout).join("index.json").is_file(),
+        "no OCI layout at {layout}: run scripts/image (scripts/test does)"
+    );
+    let client = client().await;
+    let home = TestNamespace::new(&client, "mirror").await;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let work = log_dir().join(format!("mirror-{}-{nanos:x}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    let mirror = Mirror::start(&work).await;
+    let registry = mirror.addr();
+
+    // 1. Mirror the image, both platforms, as the docs say.
+    let copied = Instant::now();
+    run_ok(Command::new("skopeo").args([
+        "copy",
+        "--all",
+        "--dest-tls-verify=false",
+        &format!("oci:{layout}:{VERSION}"),
+        &format!("docker://{registry}/autonomic-sh/autonomic-manager:{VERSION}"),
+    ]));
+    let copy_time = copied.elapsed();
+    let (status, tags) = get(
+        mirror.port,
+        "/v2/autonomic-sh/autonomic-manager/tags/list",
+        "*/*",
+    )
+    .unwrap();
+    assert!(status == 200 && tags.contains(VERSION), "{status} {tags}");
+    let (status, index) = get(
+        mirror.port,
+        &format!("/v2/autonomic-sh/autonomic-manager/manifests/{VERSION}"),
+        "application/vnd.oci.image.index.v1+json",
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{index}");
+    for arch in ["\"amd64\"", "\"arm64\""] {
+        assert!(
+            index.contains(arch),
+            "the mirrored index lacks {arch}: {index}"
+        );
+    }
+
+    // 2. The chart into the same registry, as an OCI artifact.
+    run_ok(
+        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/chart-repo")).args([
+            work.join("repo").to_str().unwrap(),
+            "--oci",
+            &format!("oci://{registry}/charts"),
+            "--plain-http",
+        ]),
+    );
+
+    // 3. A mirror that cannot be reached: Helm's own error, and no release.
+    let release = HelmRelease::new(&home.name, "autonomic");
+    let (ok, out) = release.try_helm(&[
+        "install",
+        "autonomic",
+        "oci://127.0.0.1:9/charts/autonomic",
+        "--version",
+        VERSION,
+        "--plain-http",
+    ]);
+    assert!(!ok && out.contains("127.0.0.1:9"), "{out}");
+    let (ok, out) = release.try_helm(&["status", "autonomic"]);
+    assert!(!ok && out.contains("not found"), "{out}");
+
+    // 4. Install from the mirror, every image from it.
+    let installed = Instant::now();
+    release.helm(&[
+        "install",
+        "autonomic",
+        &format!("oci://{registry}/charts/autonomic"),
+        "--version",
+        VERSION,
+        "--plain-http",
+        "--set",
+        &format!("global.imageRegistry={registry}"),
+        "--set",
+        "manager.replicas=1",
+        "--set",
+        &format!("manager.watchNamespaces={{{}}}", home.name),
+    ]);
+    let deployments: Api<Deployment> = home.api();
+    wait_for(&deployments, "autonomic-manager", "available", |d| {
+        d.status
+            .as_ref()
+            .is_some_and(|s| s.available_replicas.unwrap_or(0) >= 1)
+    })
+    .await;
+    let install_time = installed.elapsed();
+    let pods: Api<Pod> = home.api();
+    let pod = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=autonomic-manager"))
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    let status = &pod.status.unwrap().container_statuses.unwrap()[0];
+    assert_eq!(
+        status.image,
+        format!("{registry}/autonomic-sh/autonomic-manager:{VERSION}")
+    );
+    // containerd pulled it through the mirror: it resolved the tag there (the blobs are
+    // fetched too when its content store lacks them; an earlier run may have left them).
+    let served = std::fs::read_to_string(&mirror.log).unwrap();
+    let pulled = served.lines().any(|l| {
+        l.contains("useragent=\"containerd")
+            && l.contains(&format!(
+                "/v2/autonomic-sh/autonomic-manager/manifests/{VERSION}"
+            ))
+    });
+    assert!(
+        pulled,
+        "containerd did not resolve the image at the mirror:\n{served}"
+    );
+
+    let timings = serde_json::json!({
+        "skopeo_copy_ms": copy_time.as_millis() as u64,
+        "install_from_mirror_to_available_ms": install_time.as_millis() as u64,
+    });
+    eprintln!("mirror timings: {timings}");
+
+    release.helm(&["uninstall", "autonomic"]);
+    // The pulled image goes too: the next run pulls again.
+    let bed =
+        std::env::var("AUTONOMIC_TESTBED_DIR").unwrap_or_else(|_| "/tmp/autonomic-testbed".into());
+    let _ = Command::new("ctr")
+        .args([
+            "-a",
+            &format!("{bed}/containerd/containerd.sock"),
+            "-n",
+            "k8s.io",
+            "images",
+            "rm",
+            &format!("{registry}/autonomic-sh/autonomic-manager:{VERSION}"),
+        ])
+        .output();
+    drop(mirror);
+}
