@@ -191,7 +191,10 @@ async fn helm_install_then_the_platforms_command_manages_it_end_to_end() {
             &[&["-n", home.name.as_str()][..], &log_command[..]].concat(),
             None,
         );
-        ok && out.contains("connected")
+        // "connected to …" as a phrase: "not connected to …" is the opposite.
+        ok && out
+            .lines()
+            .any(|l| l.contains("connected to ") && !l.contains("not connected"))
     })
     .await;
     let pods: Api<Pod> = home.api();
