@@ -110,6 +110,8 @@ impl std::fmt::Debug for Proxy {
 }
 
 /// `%XX` escapes decoded; `None` for a malformed escape or bytes that are not UTF-8.
+/// (The `percent-encoding` crate in the tree passes a malformed escape through as text;
+/// a proxy password is refused instead, with the variable named.)
 fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -130,22 +132,10 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// Standard base64 with padding (RFC 4648 §4), for one header: not worth a crate.
+/// Standard base64 with padding (RFC 4648 §4).
 pub(crate) fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = |i: usize| u32::from(chunk.get(i).copied().unwrap_or(0));
-        let n = (b(0) << 16) | (b(1) << 8) | b(2);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// `NO_PROXY`: the hosts dialled directly, as Go's httpproxy reads it. A comma list of

@@ -26,27 +26,11 @@ fn service_account_of(jwt: &str) -> Option<String> {
     Some(format!("{ns}/{name}"))
 }
 
-/// RFC 4648 §5, padding optional.
+/// RFC 4648 §5 (a JWT's segments), padding optional.
 fn base64url_decode(s: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0);
-    for c in s.trim_end_matches('=').bytes() {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'-' | b'+' => 62,
-            b'_' | b'/' => 63,
-            _ => return None,
-        };
-        acc = (acc << 6) | u32::from(v);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    Some(out)
+    use base64::Engine;
+    let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    engine.decode(s.trim_end_matches('=')).ok()
 }
 
 #[cfg(test)]
@@ -59,11 +43,8 @@ mod tests {
         let claims =
             r#"{"iss":"k","sub":"system:serviceaccount:autonomic-system:autonomic-manager"}"#;
         let b64 = |s: &str| {
-            crate::egress::base64(s.as_bytes())
-                .replace('+', "-")
-                .replace('/', "_")
-                .trim_end_matches('=')
-                .to_owned()
+            use base64::Engine;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)
         };
         let jwt = format!("{}.{}.sig", b64(r#"{"alg":"none"}"#), b64(claims));
         assert_eq!(
