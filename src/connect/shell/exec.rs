@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use kube::api::{Api, AttachParams, TerminalSize};
+use kube::api::{Api, AttachParams, AttachedProcess, TerminalSize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until, timeout};
@@ -59,7 +59,8 @@ impl Exec {
         let _ = self.events.send(Event::Exited(self.channel, exit)).await;
     }
 
-    async fn exec(&mut self) -> Exit {
+    /// Starts the process under the wrapper and tells the session it is open.
+    async fn start(&mut self) -> Result<AttachedProcess, Exit> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
         let params = AttachParams::default()
             .container(self.container.clone())
@@ -73,21 +74,30 @@ impl Exec {
         let command = wrapped(&self.command);
         let started = tokio::select! {
             r = timeout(EXEC_START_TIMEOUT, api.exec(&self.pod, command, &params)) => r,
-            _ = self.close.changed() => return self.closed_reason("closed before the exec started"),
+            _ = self.close.changed() => return Err(self.closed_reason("closed before the exec started")),
         };
-        let mut process = match started {
+        let process = match started {
             Ok(Ok(p)) => p,
-            Ok(Err(e)) => return failed(format!("exec failed: {e}")),
+            Ok(Err(e)) => return Err(failed(format!("exec failed: {e}"))),
             Err(_) => {
-                return failed(format!(
+                return Err(failed(format!(
                     "exec did not start within {} s",
                     EXEC_START_TIMEOUT.as_secs()
-                ));
+                )));
             }
         };
         if self.events.send(Event::Opened(self.channel)).await.is_err() {
-            return failed("the connection is gone".into());
+            return Err(failed("the connection is gone".into()));
         }
+        Ok(process)
+    }
+
+    /// The process's life: output pumped out, input and resizes in, and its end.
+    async fn exec(&mut self) -> Exit {
+        let mut process = match self.start().await {
+            Ok(p) => p,
+            Err(exit) => return exit,
+        };
         let mut size = process.terminal_size();
         if let Some(tx) = size.as_mut() {
             let (cols, rows) = *self.resize.borrow_and_update();
