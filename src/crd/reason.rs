@@ -1,6 +1,6 @@
 //! The closed set of reasons of the `Ready` condition (and of the manager's Events):
 //! the cause of the state, not the phase's name again. CamelCase, as the Kubernetes API
-//! conventions ask; the README's "Condition and Event reasons" table lists them.
+//! conventions ask; `docs/operations.md`, "Condition and Event reasons", lists them.
 
 /// Defines [`Reason`] from its variants, each name written once: the enum, `ALL` and
 /// `as_str` (the name itself, as the API shows it).

@@ -162,7 +162,7 @@ fn build(
     // The hash is of the template's securityContext as written (the defaults without
     // one), not of what the level merges in: a namespace's level changing makes no pod
     // look changed. The level decides what a pod may be when one is made; a running pod
-    // stays until the Agent's spec changes (README, "What a tenant gets").
+    // stays until the Agent's spec changes (`docs/design.md`, "What a tenant gets through the manager").
     let written = tpl.and_then(|t| t.security_context.clone());
     let runtime_at = 1; // [agentlet, runtime]
     pod_spec.containers[runtime_at].security_context =
