@@ -66,39 +66,36 @@ PY2
     rm -rf "$tmp"
 }
 
-# The air-gapped path as users run it (tests/mirror.rs): Debian's CNCF distribution
-# registry (`docker-registry`) as a mirror on loopback, and `skopeo` to copy the
-# multi-arch image into it. Pinned to Debian 12's versions; a temporary policy-rc.d
-# keeps the packages from starting system services (the registry's would listen on
-# :5000).
-MIRROR_PACKAGES=(docker-registry=2.8.2+ds1-1 skopeo=1.9.3+ds1-1+b10)
-ensure_mirror_tools() {
-    command -v docker-registry >/dev/null && command -v skopeo >/dev/null && return 0
-    log "installing ${MIRROR_PACKAGES[*]}"
+# Debian packages pinned to Debian 12's versions (apt-get install options may come
+# first), installed without starting their system services (a temporary policy-rc.d:
+# the registry's would listen on :5000).
+apt_install_pinned() {
+    log "installing $*"
     local rcd=/usr/sbin/policy-rc.d had=0
     [ -e "$rcd" ] && had=1
     [ "$had" = 1 ] || printf '#!/bin/sh\nexit 101\n' >"$rcd"
     chmod +x "$rcd"
     apt-get -o DPkg::Lock::Timeout=600 update -qq
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
-        "${MIRROR_PACKAGES[@]}" >/dev/null
+        "$@" >/dev/null
     [ "$had" = 1 ] || rm -f "$rcd"
 }
 
+# The air-gapped path as users run it (tests/mirror.rs): Debian's CNCF distribution
+# registry (`docker-registry`) as a mirror on loopback, and `skopeo` to copy the
+# multi-arch image into it.
+MIRROR_PACKAGES=(docker-registry=2.8.2+ds1-1 skopeo=1.9.3+ds1-1+b10)
+ensure_mirror_tools() {
+    command -v docker-registry >/dev/null && command -v skopeo >/dev/null && return 0
+    apt_install_pinned "${MIRROR_PACKAGES[@]}"
+}
+
 # Prometheus and promtool (tests/prometheus.rs: the shipped alert rules checked and
-# unit-tested), pinned to Debian 12's version; no service started.
+# unit-tested, the dashboard's queries evaluated).
 PROMETHEUS_PACKAGES=(prometheus=2.42.0+ds-5+deb12u1)
 ensure_prometheus() {
     command -v promtool >/dev/null && return 0
-    log "installing ${PROMETHEUS_PACKAGES[*]}"
-    local rcd=/usr/sbin/policy-rc.d had=0
-    [ -e "$rcd" ] && had=1
-    [ "$had" = 1 ] || printf '#!/bin/sh\nexit 101\n' >"$rcd"
-    chmod +x "$rcd"
-    apt-get -o DPkg::Lock::Timeout=600 update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
-        --no-install-recommends "${PROMETHEUS_PACKAGES[@]}" >/dev/null
-    [ "$had" = 1 ] || rm -f "$rcd"
+    apt_install_pinned --no-install-recommends "${PROMETHEUS_PACKAGES[@]}"
 }
 
 # Uses $KUBECONFIG when set (or ~/.kube/config); otherwise starts the project's test bed
