@@ -131,14 +131,7 @@ async fn manager_runs_as_a_pod_from_deploy_yaml() {
 
     // Both replicas become ready: the standby too, though it never reconciles.
     let deployments: Api<Deployment> = home.api();
-    wait_for(&deployments, "autonomic-manager", "available", |d| {
-        d.status
-            .as_ref()
-            .and_then(|s| s.available_replicas)
-            .unwrap_or(0)
-            >= 2
-    })
-    .await;
+    wait_available(&deployments, 2).await;
     // One of them holds the Lease in its own namespace.
     let pods: Vec<String> = Api::<Pod>::namespaced(client.clone(), &home.name)
         .list(&Default::default())

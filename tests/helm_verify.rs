@@ -59,12 +59,7 @@ async fn helm_test_passes_on_a_correct_release_and_names_a_wrong_token() {
     install.extend(manager_image_sets());
     release.helm(&install.iter().map(String::as_str).collect::<Vec<_>>());
     let deployments: Api<Deployment> = home.api();
-    wait_for(&deployments, "autonomic-manager", "available", |d| {
-        d.status
-            .as_ref()
-            .is_some_and(|s| s.available_replicas.unwrap_or(0) >= 1)
-    })
-    .await;
+    wait_available(&deployments, 1).await;
 
     // 1. A correct release: `helm test` passes, the hook pod is deleted, and the check
     //    really dialled the control plane with the release's token.

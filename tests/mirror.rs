@@ -213,12 +213,7 @@ async fn air_gapped_install_pulls_the_image_from_a_mirror_registry() {
         &format!("manager.watchNamespaces={{{}}}", home.name),
     ]);
     let deployments: Api<Deployment> = home.api();
-    wait_for(&deployments, "autonomic-manager", "available", |d| {
-        d.status
-            .as_ref()
-            .is_some_and(|s| s.available_replicas.unwrap_or(0) >= 1)
-    })
-    .await;
+    wait_available(&deployments, 1).await;
     let install_time = installed.elapsed();
     let pods: Api<Pod> = home.api();
     let pod = pods

@@ -169,6 +169,18 @@ where
     panic!("timed out after {WAIT:?} waiting for {what}");
 }
 
+/// Waits until the manager's Deployment in `ns` has `n` available replicas.
+pub async fn wait_available(deployments: &Api<k8s_openapi::api::apps::v1::Deployment>, n: i32) {
+    wait_for(deployments, "autonomic-manager", "available", |d| {
+        d.status
+            .as_ref()
+            .and_then(|s| s.available_replicas)
+            .unwrap_or(0)
+            >= n
+    })
+    .await;
+}
+
 /// Waits until object `name` exists and `pred` holds for it; returns it.
 pub async fn wait_for<K, P>(api: &Api<K>, name: &str, what: &str, pred: P) -> K
 where
