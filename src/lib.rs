@@ -26,10 +26,10 @@ pub mod internals {
     pub use crate::protocol::frame::{
         Frame, Snapshot, Stream, decode, decode_io, encode, encode_io,
     };
-    pub use crate::protocol::wire::snapshot_text_of;
+    pub use crate::protocol::wire::{Form, all as wire_forms, snapshot_text};
     pub use crate::reconcile::agent::{AgentletDefaults, desired_pod as agent_pod};
     pub use crate::reconcile::tool::{IDLE, desired_pod as tool_pod};
-    pub use crate::store::{PodView, SecretView, trim};
+    pub use crate::store::{PodView, SecretView, Store, trim};
 }
 
 use std::future::Future;

@@ -740,35 +740,43 @@ async fn first_snapshot(n: usize, runs: usize, ns: Option<String>) -> Value {
     json!({"start": start, "failover": failover(&ns, n).await})
 }
 
-/// Item 4 in-process: encoding a snapshot of `n` resources shaped like `sample` (a real
-/// one from a snapshot of this run).
-fn encode_snapshot(sample: &Value, n: usize, runs: usize) -> Value {
-    let resources: Vec<Value> = (0..n)
-        .map(|i| {
-            let mut r = sample.clone();
-            r["name"] = json!(format!("agent-{i:05}"));
-            r["uid"] = json!(format!("00000000-0000-4000-8000-{i:012}"));
-            if let Some(p) = r["pods"].get_mut(0) {
-                p["name"] = json!(format!("agent-{i:05}"));
-            }
-            r
-        })
-        .collect();
-    // The text the manager sends is the encoded frame (a unit test in wire.rs checks it).
+/// Item 4 in-process: writing the snapshot of `n` Agents and their pods shaped like
+/// `agent` and `pod` (real ones of this run) out of the caches, as the session does.
+fn encode_snapshot(agent: &Agent, pod: &Value, n: usize, runs: usize) -> Value {
+    let store = wire::Store::default();
+    for i in 0..n {
+        let name = format!("agent-{i:05}");
+        let uid = format!("00000000-0000-4000-8000-{i:012}");
+        let mut a = agent.clone();
+        a.metadata.name = Some(name.clone());
+        a.metadata.uid = Some(uid.clone());
+        let mut p = pod.clone();
+        p["metadata"]["name"] = json!(name);
+        p["metadata"]["ownerReferences"][0]["uid"] = json!(uid);
+        store.agents.insert(a);
+        store
+            .pods
+            .insert(serde_json::from_value::<wire::PodView>(p).expect("a pod"));
+    }
+    let form = wire::Form::new(&store, false);
+    // The text the manager sends is the encoded frame (a unit test in wire/ checks it).
     let expected = frame::encode(&Frame::Snapshot(Snapshot {
         seq: 1,
-        resources: resources.clone(),
+        resources: wire::wire_forms(form),
     }));
     let mut times = Vec::new();
     let mut bytes = 0;
     // One run first, not timed: the allocator's and the page cache's first touch.
-    drop(wire::snapshot_text_of(1, resources.iter()));
+    drop(wire::snapshot_text(form, 1));
     for _ in 0..runs {
-        // What the manager runs: the wire forms written one at a time.
         let t0 = Instant::now();
-        let text = wire::snapshot_text_of(1, resources.iter());
+        let text = wire::snapshot_text(form, 1);
         times.push(ms(t0.elapsed()));
         assert!(text == expected, "the snapshot text is the encoded frame");
+        assert!(
+            text.matches("\"containers\":[{").count() == n,
+            "each Agent with its pod"
+        );
         bytes = text.len();
     }
     let out = json!({
@@ -856,8 +864,14 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
         }
         footprints.push(fp);
         if n == 1000 || (sample.is_none() && n > 0 && n == *sizes.iter().max().unwrap()) {
-            let snap = cp.wait_frame("snapshot", |f| is_type(f, "snapshot")).await;
-            sample = snap.json().unwrap()["resources"].get(0).cloned();
+            let agents: Api<Agent> = ns.api();
+            let pods: Api<Pod> = ns.api();
+            let pod = pods.get("a-0").await.unwrap();
+            sample = Some((
+                agents.get("a-0").await.unwrap(),
+                serde_json::to_value(pod).unwrap(),
+            ));
+            cp.wait_frame("snapshot", |f| is_type(f, "snapshot")).await;
             if n == 1000 || !sizes.contains(&1000) {
                 results.insert(
                     "delta".into(),
@@ -878,10 +892,10 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
     }
     results.insert("footprint".into(), json!(footprints));
     results.insert("throughput".into(), json!(throughput));
-    let sample = sample.expect("a snapshot with at least one Agent (a size > 0)");
+    let (agent, pod) = sample.expect("a snapshot with at least one Agent (a size > 0)");
     results.insert(
         "snapshot_encode".into(),
-        encode_snapshot(&sample, 10_000, 7),
+        encode_snapshot(&agent, &pod, 10_000, 7),
     );
     // Delete the namespaces in the background; the bed is torn down anyway.
     let nsapi: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());

@@ -4,8 +4,9 @@
 //! its bytes to [`decode_io`], and acts on the result; heartbeats, timers and reconnects
 //! live one level up.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::audit::AuditEvent;
 use crate::text::{MAX_ID_BYTES, MAX_TEXT_BYTES, cap_utf8_marked};
@@ -151,7 +152,7 @@ fn default_snapshot_interval_s() -> u64 {
 pub struct Snapshot {
     /// 1 on the first frame of a connection, +1 on every `snapshot` and `delta`.
     pub seq: u64,
-    pub resources: Vec<Value>,
+    pub resources: Vec<Json>,
 }
 
 /// manager → cp: what changed since the previous `snapshot` or `delta`.
@@ -166,13 +167,58 @@ pub struct Delta {
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Change {
     /// The object's newest state, in wire form (§5).
-    Upsert { resource: Value },
+    Upsert { resource: Json },
     Remove {
         kind: String,
         namespace: String,
         name: String,
         uid: String,
     },
+}
+
+/// A resource's wire form (§5) as the manager wrote it: JSON text, sent as it is, never
+/// parsed into a tree to be written again.
+#[derive(Debug, Clone)]
+pub struct Json(Box<RawValue>);
+
+impl Json {
+    /// `text` if it is one JSON value.
+    pub fn new(text: String) -> Result<Json, serde_json::Error> {
+        RawValue::from_string(text).map(Json)
+    }
+
+    /// The text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for Json {
+    fn eq(&self, other: &Json) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl From<&Value> for Json {
+    fn from(value: &Value) -> Json {
+        // Cannot fail: string map keys, and a `Value` holds no NaN or infinity.
+        Json(serde_json::value::to_raw_value(value).expect("a Value always serializes"))
+    }
+}
+
+impl Serialize for Json {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+/// Read back through a tree (a frame's tag is read first, and serde cannot hand raw text
+/// through that), so the text is serde_json's, keys sorted as the manager writes them.
+/// Only tests and fake control planes read these frames.
+impl<'de> Deserialize<'de> for Json {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Json, D::Error> {
+        Ok(Json::from(&Value::deserialize(d)?))
+    }
 }
 
 /// both ways: liveness.
@@ -343,7 +389,7 @@ pub fn encode(frame: &Frame) -> String {
 /// that is not a valid frame is an `Err` the caller answers with [`Frame::bad_frame`].
 ///
 /// `decode(encode(f)) == f` for every frame, except that a float inside an opaque
-/// `Value` (snapshot resources) may come back one ULP off: serde_json is built without
+/// resource's [`Json`] (snapshot and delta) may come back one ULP off: serde_json is built without
 /// its `float_roundtrip` feature. No field the manager reads is a float.
 pub fn decode(text: &str) -> Result<Option<Frame>, DecodeError> {
     if text.len() > MAX_FRAME_BYTES {
@@ -484,14 +530,14 @@ mod tests {
             }),
             Frame::Snapshot(Snapshot {
                 seq: 1,
-                resources: vec![json!({"kind":"Agent","namespace":"team-a","name":"triage",
-                    "generation":3,"ready":true,"pods":[],"spec":{"paused":false}})],
+                resources: vec![Json::from(&json!({"kind":"Agent","namespace":"team-a",
+                    "name":"triage","generation":3,"ready":true,"pods":[],"spec":{"paused":false}}))],
             }),
             Frame::Delta(Delta {
                 seq: 2,
                 changes: vec![
                     Change::Upsert {
-                        resource: json!({"kind":"Tool","name":"search"}),
+                        resource: Json::from(&json!({"kind":"Tool","name":"search"})),
                     },
                     Change::Remove {
                         kind: "Agent".into(),

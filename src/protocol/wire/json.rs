@@ -1,51 +1,9 @@
-//! JSON text written by hand where serde's writer would be slow at `opt-level = "s"`:
-//! strings, numbers and the small `Value`s of the wire form.
-
-use serde_json::Value;
-
-/// Appends `v` as compact JSON, byte for byte what `serde_json::to_string` writes.
-///
-/// Hand-written for speed in a crate built for size: serde's writer instantiated here is
-/// about three times slower than at full speed, and musl's `memcpy` is slow for the
-/// few-byte copies JSON is made of, so short runs are copied in a loop.
-pub fn write_json(out: &mut Vec<u8>, v: &Value) {
-    match v {
-        Value::Null => put(out, b"null"),
-        Value::Bool(b) => put_bool(out, *b),
-        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
-            (Some(u), _) => put_u64(out, u),
-            (None, Some(i)) => {
-                out.push(b'-');
-                put_u64(out, i.unsigned_abs());
-            }
-            // Floats: serde_json's own formatting (ryu), as its writer does.
-            _ => put(out, n.to_string().as_bytes()),
-        },
-        Value::String(s) => write_str(out, s),
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_json(out, item);
-            }
-            out.push(b']');
-        }
-        Value::Object(map) => {
-            out.push(b'{');
-            for (i, (k, item)) in map.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_str(out, k);
-                out.push(b':');
-                write_json(out, item);
-            }
-            out.push(b'}');
-        }
-    }
-}
+//! The wire form's strings and numbers as JSON text, byte for byte what serde_json
+//! writes.
+//!
+//! Hand-written for speed in a crate built for size: serde's writer instantiated here is
+//! about three times slower than at full speed, and musl's `memcpy` is slow for the
+//! few-byte copies JSON is made of, so short runs are copied in a loop.
 
 /// A JSON string: runs that need no escape are copied whole.
 pub(super) fn write_str(out: &mut Vec<u8>, s: &str) {
