@@ -203,149 +203,25 @@ impl Config {
     }
 
     /// Parses configuration from any variable source. Empty values count as unset.
+    /// The settings are checked group by group, in this order.
     pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let var = |k: &str| get(k).filter(|v| !v.trim().is_empty());
-        let flag = |k: &'static str, default: bool| -> Result<bool, ConfigError> {
-            match var(k) {
-                None => Ok(default),
-                Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-                    "true" | "1" | "yes" | "on" => Ok(true),
-                    "false" | "0" | "no" | "off" => Ok(false),
-                    _ => Err(ConfigError::Bool { var: k, value: v }),
-                },
-            }
-        };
-        let number = |k: &'static str, default: u64| -> Result<u64, ConfigError> {
-            match var(k) {
-                None => Ok(default),
-                Some(v) => v
-                    .trim()
-                    .parse()
-                    .map_err(|_| ConfigError::Number { var: k, value: v }),
-            }
-        };
-
-        let managed = flag("AUTONOMIC_MANAGED", false)?;
-        let allow_insecure = flag("AUTONOMIC_ALLOW_INSECURE", false)?;
-        let base_url_raw = var("AUTONOMIC_BASE_URL").unwrap_or_else(|| DEFAULT_BASE_URL.into());
-        let base_url =
-            BaseUrl::parse(base_url_raw.trim()).map_err(|reason| ConfigError::Invalid {
-                var: "AUTONOMIC_BASE_URL",
-                reason,
-            })?;
-        if !base_url.tls && !base_url.is_loopback() && !allow_insecure {
-            return Err(ConfigError::Invalid {
-                var: "AUTONOMIC_BASE_URL",
-                reason: format!(
-                    "plain http:// to {} would send the token unencrypted; use https:// or set AUTONOMIC_ALLOW_INSECURE=true",
-                    base_url.host
-                ),
-            });
-        }
-        let transport = match var("AUTONOMIC_TRANSPORT").as_deref().map(str::trim) {
-            None | Some("ws") => Transport::Ws,
-            Some("http") => Transport::Http,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    var: "AUTONOMIC_TRANSPORT",
-                    reason: format!("expected ws or http, got {other:?}"),
-                });
-            }
-        };
-        let token = var("AUTONOMIC_AUTH_TOKEN").map(Token::new);
-        let token_file = var("AUTONOMIC_AUTH_TOKEN_FILE").map(PathBuf::from);
-        if managed && token.is_none() && token_file.is_none() {
-            return Err(ConfigError::MissingToken);
-        }
-        let log_format = match var("AUTONOMIC_LOG_FORMAT").as_deref().map(str::trim) {
-            None | Some("text") => LogFormat::Text,
-            Some("json") => LogFormat::Json,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    var: "AUTONOMIC_LOG_FORMAT",
-                    reason: format!("expected json or text, got {other:?}"),
-                });
-            }
-        };
-        let probe_addr = match var("AUTONOMIC_PROBE_ADDR") {
-            None => SocketAddr::from(([0, 0, 0, 0], 8081)),
-            Some(v) => parse_listen_addr(v.trim()).ok_or_else(|| ConfigError::Invalid {
-                var: "AUTONOMIC_PROBE_ADDR",
-                reason: format!("expected [host]:port, got {v:?}"),
-            })?,
-        };
-        let namespaces: Vec<String> = var("AUTONOMIC_NAMESPACES")
-            .map(|v| {
-                v.split(',')
-                    .map(|s| s.trim().to_owned())
-                    .filter(|s| !s.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let leader_election = flag("AUTONOMIC_LEADER_ELECTION", false)?;
-        // The Lease lives in the manager's own namespace; guessing one could make two
-        // installs elect in different places and both lead.
-        if leader_election && var("POD_NAMESPACE").is_none() {
-            return Err(ConfigError::Invalid {
-                var: "POD_NAMESPACE",
-                reason: "AUTONOMIC_LEADER_ELECTION=true needs the namespace of the leader Lease; set POD_NAMESPACE (the downward API's metadata.namespace)".into(),
-            });
-        }
-        let pod_namespace = var("POD_NAMESPACE").unwrap_or_else(|| "default".into());
-        let pod_name = var("POD_NAME")
-            .or_else(|| var("HOSTNAME"))
-            .unwrap_or_else(|| "autonomic-manager".into());
-        let cluster_id = var("AUTONOMIC_CLUSTER_ID").map(|v| v.trim().to_owned());
-        let agentlet_resources = match var("AUTONOMIC_AGENTLET_RESOURCES") {
-            None => default_agentlet_resources(),
-            Some(v) => serde_json::from_str(&v).map_err(|e| ConfigError::Invalid {
-                var: "AUTONOMIC_AGENTLET_RESOURCES",
-                reason: format!("expected a JSON object of requests and limits: {e}"),
-            })?,
-        };
-        let invalid =
-            |var: &'static str| move |reason: String| ConfigError::Invalid { var, reason };
-        let https_proxy = var("HTTPS_PROXY")
-            .map(|v| ("HTTPS_PROXY", v))
-            .or_else(|| var("https_proxy").map(|v| ("https_proxy", v)))
-            .map(|(name, v)| Proxy::parse(&v).map_err(invalid(name)))
-            .transpose()?;
-        let no_proxy = match var("NO_PROXY")
-            .map(|v| ("NO_PROXY", v))
-            .or_else(|| var("no_proxy").map(|v| ("no_proxy", v)))
-        {
-            None => NoProxy::default(),
-            Some((name, v)) => NoProxy::parse(&v).map_err(invalid(name))?,
-        };
-        let log_filter = match var("AUTONOMIC_LOG") {
+        let v = Vars(get);
+        let (managed, allow_insecure, base_url, transport) = v.control_plane()?;
+        let (token, token_file) = v.token(managed)?;
+        let (log_format, probe_addr, namespaces, leader_election) = v.process()?;
+        let (pod_namespace, pod_name) = v.own_pod(leader_election)?;
+        let cluster_id = v.var("AUTONOMIC_CLUSTER_ID").map(|v| v.trim().to_owned());
+        let agentlet_resources = v.agentlet_resources()?;
+        let (https_proxy, no_proxy) = v.proxy()?;
+        let log_filter = match v.var("AUTONOMIC_LOG") {
             None => "info".to_owned(),
-            Some(v) => check_log_filter(&v).map_err(invalid("AUTONOMIC_LOG"))?,
+            Some(s) => check_log_filter(&s).map_err(invalid("AUTONOMIC_LOG"))?,
         };
-        for ns in &namespaces {
-            if !is_dns_label(ns) {
-                return Err(ConfigError::Invalid {
-                    var: "AUTONOMIC_NAMESPACES",
-                    reason: format!(
-                        "{ns:?} is not a namespace name (lower-case letters, digits and '-', at most 63)"
-                    ),
-                });
-            }
-        }
-        let pod_security = match var("AUTONOMIC_POD_SECURITY") {
-            None => PodSecurityLevel::default(),
-            Some(v) => PodSecurityLevel::parse(v.trim()).ok_or_else(|| ConfigError::Invalid {
-                var: "AUTONOMIC_POD_SECURITY",
-                reason: format!("expected restricted, baseline or privileged, got {v:?}"),
-            })?,
-        };
-        let backoff_initial = Duration::from_millis(number("AUTONOMIC_BACKOFF_INITIAL_MS", 1000)?);
-        let backoff_max = Duration::from_millis(number("AUTONOMIC_BACKOFF_MAX_MS", 60_000)?);
-        if backoff_initial.is_zero() || backoff_max < backoff_initial {
-            return Err(ConfigError::Invalid {
-                var: "AUTONOMIC_BACKOFF_MAX_MS",
-                reason: "the backoff needs 0 < initial <= max".into(),
-            });
-        }
+        check_namespaces(&namespaces)?;
+        let pod_security = v.pod_security()?;
+        let (backoff_initial, backoff_max) = v.backoff()?;
+        let (eviction_delay, welcome_timeout, max_sessions, roll_max, max_spec_bytes) =
+            v.limits()?;
         Ok(Config {
             managed,
             base_url,
@@ -353,26 +229,17 @@ impl Config {
             token_file,
             cluster_id,
             transport,
-            ca_file: var("AUTONOMIC_CA_FILE").map(|v| PathBuf::from(v.trim())),
-            ssl_cert_file: var("SSL_CERT_FILE").map(|v| PathBuf::from(v.trim())),
-            // Colon-separated, as OpenSSL and Go read it; empty parts are skipped.
-            ssl_cert_dirs: var("SSL_CERT_DIR")
-                .map(|v| {
-                    v.split(':')
-                        .map(str::trim)
-                        .filter(|d| !d.is_empty())
-                        .map(PathBuf::from)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            ca_file: v.var("AUTONOMIC_CA_FILE").map(|v| PathBuf::from(v.trim())),
+            ssl_cert_file: v.var("SSL_CERT_FILE").map(|v| PathBuf::from(v.trim())),
+            ssl_cert_dirs: v.ssl_cert_dirs(),
             https_proxy,
             no_proxy,
             allow_insecure,
             backoff_initial,
             backoff_max,
-            eviction_delay: Duration::from_secs(number("AUTONOMIC_EVICTION_DELAY_S", 300)?),
-            welcome_timeout: Duration::from_secs(number("AUTONOMIC_WELCOME_TIMEOUT_S", 10)?),
-            agentlet_image: var("AUTONOMIC_AGENTLET_IMAGE"),
+            eviction_delay,
+            welcome_timeout,
+            agentlet_image: v.var("AUTONOMIC_AGENTLET_IMAGE"),
             agentlet_resources,
             namespaces,
             probe_addr,
@@ -382,46 +249,278 @@ impl Config {
             pod_namespace,
             pod_name,
             own_service_account: None,
-            pod_uid: var("POD_UID").unwrap_or_default(),
-            node_name: var("NODE_NAME").unwrap_or_default(),
-            max_sessions: number("AUTONOMIC_MAX_SESSIONS", 16)? as usize,
-            roll_max: match number("AUTONOMIC_ROLL_MAX", DEFAULT_ROLL_MAX)? {
-                0 => {
-                    return Err(ConfigError::Invalid {
-                        var: "AUTONOMIC_ROLL_MAX",
-                        reason: "0 would never roll a changed pod; the least is 1".into(),
-                    });
-                }
-                n => n.min(100_000) as usize,
-            },
+            pod_uid: v.var("POD_UID").unwrap_or_default(),
+            node_name: v.var("NODE_NAME").unwrap_or_default(),
+            max_sessions,
+            roll_max,
             pod_security,
-            max_spec_bytes: match number("AUTONOMIC_MAX_SPEC_BYTES", DEFAULT_MAX_SPEC_BYTES)? {
-                0 => {
-                    return Err(ConfigError::Invalid {
-                        var: "AUTONOMIC_MAX_SPEC_BYTES",
-                        reason: "0 would refuse every object; the least is 1 (the default is 262144, 256 KiB)".into(),
-                    });
-                }
-                n => n,
-            },
-            send_env_values: match var("AUTONOMIC_WIRE_ENV_VALUES").as_deref().map(str::trim) {
-                None | Some("mask") => false,
-                Some("send") => true,
-                Some(v) => {
-                    return Err(ConfigError::Invalid {
-                        var: "AUTONOMIC_WIRE_ENV_VALUES",
-                        reason: format!("expected mask or send, got {v:?}"),
-                    });
-                }
-            },
-            shell_enabled: flag("AUTONOMIC_SHELL_ENABLED", true)?,
-            control_actions: control_actions(var("AUTONOMIC_CONTROL_ACTIONS").as_deref())?,
+            max_spec_bytes,
+            send_env_values: v.send_env_values()?,
+            shell_enabled: v.flag("AUTONOMIC_SHELL_ENABLED", true)?,
+            control_actions: control_actions(v.var("AUTONOMIC_CONTROL_ACTIONS").as_deref())?,
         })
     }
 
     /// Whether the manager watches this namespace.
     pub fn watches(&self, namespace: &str) -> bool {
         self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
+    }
+}
+
+/// A `ConfigError::Invalid` for `var`, from a reason.
+fn invalid(var: &'static str) -> impl Fn(String) -> ConfigError {
+    move |reason| ConfigError::Invalid { var, reason }
+}
+
+fn check_namespaces(namespaces: &[String]) -> Result<(), ConfigError> {
+    for ns in namespaces {
+        if !is_dns_label(ns) {
+            return Err(ConfigError::Invalid {
+                var: "AUTONOMIC_NAMESPACES",
+                reason: format!(
+                    "{ns:?} is not a namespace name (lower-case letters, digits and '-', at most 63)"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The variable source [`Config::parse`] reads, one group of settings per method.
+struct Vars<F>(F);
+
+impl<F: Fn(&str) -> Option<String>> Vars<F> {
+    /// A variable; empty counts as unset.
+    fn var(&self, k: &str) -> Option<String> {
+        (self.0)(k).filter(|v| !v.trim().is_empty())
+    }
+
+    fn flag(&self, k: &'static str, default: bool) -> Result<bool, ConfigError> {
+        match self.var(k) {
+            None => Ok(default),
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => Ok(true),
+                "false" | "0" | "no" | "off" => Ok(false),
+                _ => Err(ConfigError::Bool { var: k, value: v }),
+            },
+        }
+    }
+
+    fn number(&self, k: &'static str, default: u64) -> Result<u64, ConfigError> {
+        match self.var(k) {
+            None => Ok(default),
+            Some(v) => v
+                .trim()
+                .parse()
+                .map_err(|_| ConfigError::Number { var: k, value: v }),
+        }
+    }
+
+    /// Managed or not, and where and how the control plane is reached.
+    fn control_plane(&self) -> Result<(bool, bool, BaseUrl, Transport), ConfigError> {
+        let managed = self.flag("AUTONOMIC_MANAGED", false)?;
+        let allow_insecure = self.flag("AUTONOMIC_ALLOW_INSECURE", false)?;
+        let base_url_raw = self
+            .var("AUTONOMIC_BASE_URL")
+            .unwrap_or_else(|| DEFAULT_BASE_URL.into());
+        let base_url =
+            BaseUrl::parse(base_url_raw.trim()).map_err(invalid("AUTONOMIC_BASE_URL"))?;
+        if !base_url.tls && !base_url.is_loopback() && !allow_insecure {
+            return Err(ConfigError::Invalid {
+                var: "AUTONOMIC_BASE_URL",
+                reason: format!(
+                    "plain http:// to {} would send the token unencrypted; use https:// or set AUTONOMIC_ALLOW_INSECURE=true",
+                    base_url.host
+                ),
+            });
+        }
+        let transport = match self.var("AUTONOMIC_TRANSPORT").as_deref().map(str::trim) {
+            None | Some("ws") => Transport::Ws,
+            Some("http") => Transport::Http,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    var: "AUTONOMIC_TRANSPORT",
+                    reason: format!("expected ws or http, got {other:?}"),
+                });
+            }
+        };
+        Ok((managed, allow_insecure, base_url, transport))
+    }
+
+    /// The token, or the file it is read from; managed mode needs one of them.
+    fn token(&self, managed: bool) -> Result<(Option<Token>, Option<PathBuf>), ConfigError> {
+        let token = self.var("AUTONOMIC_AUTH_TOKEN").map(Token::new);
+        let token_file = self.var("AUTONOMIC_AUTH_TOKEN_FILE").map(PathBuf::from);
+        if managed && token.is_none() && token_file.is_none() {
+            return Err(ConfigError::MissingToken);
+        }
+        Ok((token, token_file))
+    }
+
+    /// Logs, probes, the namespaces watched (checked later) and leader election.
+    fn process(&self) -> Result<(LogFormat, SocketAddr, Vec<String>, bool), ConfigError> {
+        let log_format = match self.var("AUTONOMIC_LOG_FORMAT").as_deref().map(str::trim) {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    var: "AUTONOMIC_LOG_FORMAT",
+                    reason: format!("expected json or text, got {other:?}"),
+                });
+            }
+        };
+        let probe_addr = match self.var("AUTONOMIC_PROBE_ADDR") {
+            None => SocketAddr::from(([0, 0, 0, 0], 8081)),
+            Some(v) => parse_listen_addr(v.trim()).ok_or_else(|| ConfigError::Invalid {
+                var: "AUTONOMIC_PROBE_ADDR",
+                reason: format!("expected [host]:port, got {v:?}"),
+            })?,
+        };
+        let namespaces: Vec<String> = self
+            .var("AUTONOMIC_NAMESPACES")
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let leader_election = self.flag("AUTONOMIC_LEADER_ELECTION", false)?;
+        Ok((log_format, probe_addr, namespaces, leader_election))
+    }
+
+    /// Where the manager itself runs: its namespace and pod name.
+    fn own_pod(&self, leader_election: bool) -> Result<(String, String), ConfigError> {
+        // The Lease lives in the manager's own namespace; guessing one could make two
+        // installs elect in different places and both lead.
+        if leader_election && self.var("POD_NAMESPACE").is_none() {
+            return Err(ConfigError::Invalid {
+                var: "POD_NAMESPACE",
+                reason: "AUTONOMIC_LEADER_ELECTION=true needs the namespace of the leader Lease; set POD_NAMESPACE (the downward API's metadata.namespace)".into(),
+            });
+        }
+        let pod_namespace = self
+            .var("POD_NAMESPACE")
+            .unwrap_or_else(|| "default".into());
+        let pod_name = self
+            .var("POD_NAME")
+            .or_else(|| self.var("HOSTNAME"))
+            .unwrap_or_else(|| "autonomic-manager".into());
+        Ok((pod_namespace, pod_name))
+    }
+
+    fn agentlet_resources(&self) -> Result<ResourceRequirements, ConfigError> {
+        match self.var("AUTONOMIC_AGENTLET_RESOURCES") {
+            None => Ok(default_agentlet_resources()),
+            Some(v) => serde_json::from_str(&v).map_err(|e| ConfigError::Invalid {
+                var: "AUTONOMIC_AGENTLET_RESOURCES",
+                reason: format!("expected a JSON object of requests and limits: {e}"),
+            }),
+        }
+    }
+
+    /// `HTTPS_PROXY` and `NO_PROXY`, either in upper or lower case.
+    fn proxy(&self) -> Result<(Option<Proxy>, NoProxy), ConfigError> {
+        let https_proxy = self
+            .var("HTTPS_PROXY")
+            .map(|v| ("HTTPS_PROXY", v))
+            .or_else(|| self.var("https_proxy").map(|v| ("https_proxy", v)))
+            .map(|(name, v)| Proxy::parse(&v).map_err(invalid(name)))
+            .transpose()?;
+        let no_proxy = match self
+            .var("NO_PROXY")
+            .map(|v| ("NO_PROXY", v))
+            .or_else(|| self.var("no_proxy").map(|v| ("no_proxy", v)))
+        {
+            None => NoProxy::default(),
+            Some((name, v)) => NoProxy::parse(&v).map_err(invalid(name))?,
+        };
+        Ok((https_proxy, no_proxy))
+    }
+
+    fn pod_security(&self) -> Result<PodSecurityLevel, ConfigError> {
+        match self.var("AUTONOMIC_POD_SECURITY") {
+            None => Ok(PodSecurityLevel::default()),
+            Some(v) => PodSecurityLevel::parse(v.trim()).ok_or_else(|| ConfigError::Invalid {
+                var: "AUTONOMIC_POD_SECURITY",
+                reason: format!("expected restricted, baseline or privileged, got {v:?}"),
+            }),
+        }
+    }
+
+    fn backoff(&self) -> Result<(Duration, Duration), ConfigError> {
+        let initial = Duration::from_millis(self.number("AUTONOMIC_BACKOFF_INITIAL_MS", 1000)?);
+        let max = Duration::from_millis(self.number("AUTONOMIC_BACKOFF_MAX_MS", 60_000)?);
+        if initial.is_zero() || max < initial {
+            return Err(ConfigError::Invalid {
+                var: "AUTONOMIC_BACKOFF_MAX_MS",
+                reason: "the backoff needs 0 < initial <= max".into(),
+            });
+        }
+        Ok((initial, max))
+    }
+
+    /// Eviction delay, welcome timeout, sessions, roll size and spec size.
+    fn limits(&self) -> Result<(Duration, Duration, usize, usize, u64), ConfigError> {
+        let eviction_delay = Duration::from_secs(self.number("AUTONOMIC_EVICTION_DELAY_S", 300)?);
+        let welcome_timeout = Duration::from_secs(self.number("AUTONOMIC_WELCOME_TIMEOUT_S", 10)?);
+        let max_sessions = self.number("AUTONOMIC_MAX_SESSIONS", 16)? as usize;
+        let roll_max = match self.number("AUTONOMIC_ROLL_MAX", DEFAULT_ROLL_MAX)? {
+            0 => {
+                return Err(ConfigError::Invalid {
+                    var: "AUTONOMIC_ROLL_MAX",
+                    reason: "0 would never roll a changed pod; the least is 1".into(),
+                });
+            }
+            n => n.min(100_000) as usize,
+        };
+        let max_spec_bytes = match self
+            .number("AUTONOMIC_MAX_SPEC_BYTES", DEFAULT_MAX_SPEC_BYTES)?
+        {
+            0 => {
+                return Err(ConfigError::Invalid {
+                    var: "AUTONOMIC_MAX_SPEC_BYTES",
+                    reason: "0 would refuse every object; the least is 1 (the default is 262144, 256 KiB)".into(),
+                });
+            }
+            n => n,
+        };
+        Ok((
+            eviction_delay,
+            welcome_timeout,
+            max_sessions,
+            roll_max,
+            max_spec_bytes,
+        ))
+    }
+
+    fn send_env_values(&self) -> Result<bool, ConfigError> {
+        match self
+            .var("AUTONOMIC_WIRE_ENV_VALUES")
+            .as_deref()
+            .map(str::trim)
+        {
+            None | Some("mask") => Ok(false),
+            Some("send") => Ok(true),
+            Some(v) => Err(ConfigError::Invalid {
+                var: "AUTONOMIC_WIRE_ENV_VALUES",
+                reason: format!("expected mask or send, got {v:?}"),
+            }),
+        }
+    }
+
+    /// `SSL_CERT_DIR`: colon-separated, as OpenSSL and Go read it; empty parts are
+    /// skipped.
+    fn ssl_cert_dirs(&self) -> Vec<PathBuf> {
+        self.var("SSL_CERT_DIR")
+            .map(|v| {
+                v.split(':')
+                    .map(str::trim)
+                    .filter(|d| !d.is_empty())
+                    .map(PathBuf::from)
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -623,7 +722,7 @@ mod tests {
     }
 
     #[test]
-    fn cluster_id_is_read_from_the_cluster_unless_set() {
+    fn cluster_id_is_none_unless_set_and_trimmed_when_set() {
         let c = parse(&[("POD_NAMESPACE", "autonomic-system"), ("HOSTNAME", "m-1")]).unwrap();
         assert_eq!(c.cluster_id, None);
         let c = parse(&[("AUTONOMIC_CLUSTER_ID", " prod-eu ")]).unwrap();
