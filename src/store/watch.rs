@@ -346,123 +346,169 @@ where
             store.later.wait().await;
         }
         let path = K::url_path(&(), source.scope.as_deref());
-        let request = kube::core::Request::new(&path);
-        let mut retry = Backoff::new(RETRY_FIRST, RETRY_MAX).expect("valid backoff");
-        let mut first_sync = true;
+        let mut feed = Feed {
+            request: kube::core::Request::new(&path),
+            path,
+            source,
+            wire,
+            store,
+            cache,
+            on_change,
+            retry: Backoff::new(RETRY_FIRST, RETRY_MAX).expect("valid backoff"),
+            first_sync: true,
+        };
         // The version to resume watching from; none: list first.
         let mut version: Option<String> = None;
         loop {
-            let Some(from) = version.take() else {
-                let started = tokio::time::Instant::now();
-                // A custom resource's first list from the API server's watch cache, whole;
-                // built-in kinds, and every relist (the watch expired: 410), consistently
-                // from etcd, in pages (see `store::list`).
-                let params = ListParams {
-                    label_selector: source.selector.clone(),
-                    field_selector: source.fields(),
-                    ..if first_sync && K::group(&()) == crate::crd::GROUP {
-                        ListParams::default().match_any()
-                    } else {
-                        ListParams::default().limit(PAGE)
-                    }
-                };
-                let c = cache(&store);
-                let mut seen: HashSet<Slot> = HashSet::new();
-                let listed = super::list::list(&source.client, &path, params, |obj: K| {
-                    seen.insert(slot_of(&obj));
-                    on_change(&c.insert(obj), false);
-                })
-                .await;
-                match listed {
-                    Ok(v) => {
-                        for gone in c.prune(|k| source.holds(k), &seen) {
-                            on_change(&gone, true);
-                        }
-                        retry.reset();
-                        version = Some(v);
-                        if first_sync {
-                            first_sync = false;
-                            tracing::info!(
-                                objects = c.count(),
-                                ms = started.elapsed().as_millis() as u64,
-                                "listed"
-                            );
-                            store.synced.mark();
-                            if wire {
-                                store.wire_synced.mark();
-                            }
-                        }
-                    }
-                    Err(err) => {
-                        if first_sync && source.refusable && forbidden(&err) {
-                            first_sync = false;
-                            tracing::error!(error = %err, "may not list what the admin offered to agents or labelled on namespaces: running without it (every serviceAccountName and Secret reference refused, every namespace at the configured pod security level) until the RBAC allows it; grant list and watch, as the chart does");
-                            store.synced.mark();
-                        } else {
-                            tracing::warn!(error = %err, "list failed, retrying");
-                        }
-                        tokio::time::sleep(retry.next_delay_with(system_random)).await;
-                    }
-                }
-                continue;
+            version = match version.take() {
+                None => feed.list().await,
+                Some(from) => feed.watch(from).await,
             };
-            let params = WatchParams {
-                label_selector: source.selector.clone(),
-                field_selector: source.fields(),
-                ..WatchParams::default().timeout(WATCH_TIMEOUT_S)
-            };
-            let c = cache(&store);
-            let mut at = from;
-            let watched = match request.watch(&params, &at) {
-                Err(e) => Err(kube::Error::BuildRequest(e)),
-                Ok(mut req) => {
-                    req.extensions_mut().insert("watch");
-                    source.client.request_events::<K>(req).await
-                }
-            };
-            let end = match watched {
-                Err(err) => ended_by(&err),
-                Ok(stream) => {
-                    let mut stream = stream.boxed();
-                    loop {
-                        let event = match tokio::time::timeout(WATCH_IDLE, stream.next()).await {
-                            // Idle past the server's own timeout, or ended: resume.
-                            Err(_) | Ok(None) => break End::Resume,
-                            Ok(Some(Ok(event))) => event,
-                            // One event that does not decode: skipped, as a list skips
-                            // such an object (resuming before it would meet it again).
-                            Ok(Some(Err(kube::Error::SerdeError(err)))) => {
-                                tracing::warn!(error = %err, "a watch event does not decode: skipped");
-                                continue;
-                            }
-                            Ok(Some(Err(err))) => break ended_by(&err),
-                        };
-                        match event {
-                            WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
-                                at = obj.resource_version().unwrap_or(at);
-                                on_change(&c.insert(obj), false);
-                            }
-                            WatchEvent::Deleted(obj) => {
-                                at = obj.resource_version().unwrap_or(at);
-                                let gone =
-                                    c.remove(&slot_of(&obj)).unwrap_or_else(|| Arc::new(obj));
-                                on_change(&gone, true);
-                            }
-                            WatchEvent::Bookmark(b) => at = b.metadata.resource_version,
-                            WatchEvent::Error(e) => break expired_or_failed(&e),
-                        }
-                        retry.reset();
-                    }
-                }
-            };
-            match end {
-                End::Relist => {}
-                End::Resume => version = Some(at),
-                End::Failed => {
-                    version = Some(at);
-                    tokio::time::sleep(retry.next_delay_with(system_random)).await;
-                }
+        }
+    }
+}
+
+/// What [`drive`]'s loop keeps from one list or watch to the next.
+struct Feed<K: 'static, F> {
+    path: String,
+    request: kube::core::Request,
+    source: Source,
+    wire: bool,
+    store: Arc<Store>,
+    cache: fn(&Store) -> &Cache<K>,
+    on_change: F,
+    retry: Backoff,
+    first_sync: bool,
+}
+
+impl<K, F> Feed<K, F>
+where
+    K: Resource<DynamicType = ()> + ResourceExt + Clone + DeserializeOwned + Debug,
+    F: Fn(&K, bool),
+{
+    /// Lists into the cache and prunes what the list did not bring: the version to
+    /// watch from, or `None` after a failure and the backoff's wait.
+    async fn list(&mut self) -> Option<String> {
+        let started = tokio::time::Instant::now();
+        // A custom resource's first list from the API server's watch cache, whole;
+        // built-in kinds, and every relist (the watch expired: 410), consistently
+        // from etcd, in pages (see `store::list`).
+        let params = ListParams {
+            label_selector: self.source.selector.clone(),
+            field_selector: self.source.fields(),
+            ..if self.first_sync && K::group(&()) == crate::crd::GROUP {
+                ListParams::default().match_any()
+            } else {
+                ListParams::default().limit(PAGE)
             }
+        };
+        let c = (self.cache)(&self.store);
+        let on_change = &self.on_change;
+        let mut seen: HashSet<Slot> = HashSet::new();
+        let listed = super::list::list(&self.source.client, &self.path, params, |obj: K| {
+            seen.insert(slot_of(&obj));
+            on_change(&c.insert(obj), false);
+        })
+        .await;
+        match listed {
+            Ok(v) => {
+                for gone in c.prune(|k| self.source.holds(k), &seen) {
+                    on_change(&gone, true);
+                }
+                self.retry.reset();
+                if self.first_sync {
+                    self.first_sync = false;
+                    tracing::info!(
+                        objects = c.count(),
+                        ms = started.elapsed().as_millis() as u64,
+                        "listed"
+                    );
+                    self.store.synced.mark();
+                    if self.wire {
+                        self.store.wire_synced.mark();
+                    }
+                }
+                Some(v)
+            }
+            Err(err) => {
+                if self.first_sync && self.source.refusable && forbidden(&err) {
+                    self.first_sync = false;
+                    tracing::error!(error = %err, "may not list what the admin offered to agents or labelled on namespaces: running without it (every serviceAccountName and Secret reference refused, every namespace at the configured pod security level) until the RBAC allows it; grant list and watch, as the chart does");
+                    self.store.synced.mark();
+                } else {
+                    tracing::warn!(error = %err, "list failed, retrying");
+                }
+                tokio::time::sleep(self.retry.next_delay_with(system_random)).await;
+                None
+            }
+        }
+    }
+
+    /// Watches from version `from` until the watch ends: the version to resume from
+    /// (after the backoff's wait when it failed), or `None` to list again.
+    async fn watch(&mut self, from: String) -> Option<String> {
+        let params = WatchParams {
+            label_selector: self.source.selector.clone(),
+            field_selector: self.source.fields(),
+            ..WatchParams::default().timeout(WATCH_TIMEOUT_S)
+        };
+        let mut at = from;
+        let watched = match self.request.watch(&params, &at) {
+            Err(e) => Err(kube::Error::BuildRequest(e)),
+            Ok(mut req) => {
+                req.extensions_mut().insert("watch");
+                self.source.client.request_events::<K>(req).await
+            }
+        };
+        let end = match watched {
+            Err(err) => ended_by(&err),
+            Ok(stream) => self.follow(stream.boxed(), &mut at).await,
+        };
+        match end {
+            End::Relist => None,
+            End::Resume => Some(at),
+            End::Failed => {
+                tokio::time::sleep(self.retry.next_delay_with(system_random)).await;
+                Some(at)
+            }
+        }
+    }
+
+    /// Applies a watch's events to the cache, `at` following their versions, until
+    /// the stream ends, idles or fails.
+    async fn follow(
+        &mut self,
+        mut stream: futures::stream::BoxStream<'_, kube::Result<WatchEvent<K>>>,
+        at: &mut String,
+    ) -> End {
+        let c = (self.cache)(&self.store);
+        loop {
+            let event = match tokio::time::timeout(WATCH_IDLE, stream.next()).await {
+                // Idle past the server's own timeout, or ended: resume.
+                Err(_) | Ok(None) => return End::Resume,
+                Ok(Some(Ok(event))) => event,
+                // One event that does not decode: skipped, as a list skips
+                // such an object (resuming before it would meet it again).
+                Ok(Some(Err(kube::Error::SerdeError(err)))) => {
+                    tracing::warn!(error = %err, "a watch event does not decode: skipped");
+                    continue;
+                }
+                Ok(Some(Err(err))) => return ended_by(&err),
+            };
+            match event {
+                WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
+                    *at = obj.resource_version().unwrap_or(std::mem::take(at));
+                    (self.on_change)(&c.insert(obj), false);
+                }
+                WatchEvent::Deleted(obj) => {
+                    *at = obj.resource_version().unwrap_or(std::mem::take(at));
+                    let gone = c.remove(&slot_of(&obj)).unwrap_or_else(|| Arc::new(obj));
+                    (self.on_change)(&gone, true);
+                }
+                WatchEvent::Bookmark(b) => *at = b.metadata.resource_version,
+                WatchEvent::Error(e) => return expired_or_failed(&e),
+            }
+            self.retry.reset();
         }
     }
 }
