@@ -4,6 +4,7 @@
 mod audit;
 mod backoff;
 pub mod check;
+pub mod cli;
 mod cluster;
 pub mod config;
 mod connect;
