@@ -8,7 +8,7 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use super::{Line, Report, STEP_TIMEOUT};
-use crate::config::{Config, Transport};
+use crate::config::{Config, Token, Transport};
 use crate::connect::read_token;
 use crate::connect::socket::{self, DialError};
 use crate::egress::Proxy;
@@ -287,7 +287,6 @@ async fn websocket(
     stream: MaybeTlsStream<TcpStream>,
 ) -> Result<(Line, Step), Line> {
     let config = dial.config;
-    let token_line = |websocket: Line, token: Line| Ok((websocket, Step::Token(token, None)));
     if config.transport == Transport::Http {
         return token_line(
             Line::skip("websocket", "AUTONOMIC_TRANSPORT=http"),
@@ -326,6 +325,21 @@ async fn websocket(
         socket::upgrade(config, &token, request, stream),
     )
     .await;
+    upgrade_lines(&endpoint, &token, upgraded)
+}
+
+/// Steps 9 and 10 when no socket is left to close: the upgrade's line and the token's.
+fn token_line(websocket: Line, token: Line) -> Result<(Line, Step), Line> {
+    Ok((websocket, Step::Token(token, None)))
+}
+
+/// The lines of how the upgrade to `endpoint` went: both steps' when it got as far as
+/// the token, else the upgrade's failure.
+fn upgrade_lines(
+    endpoint: &str,
+    token: &Token,
+    upgraded: Result<Result<Socket, DialError>, tokio::time::error::Elapsed>,
+) -> Result<(Line, Step), Line> {
     let base_fix = "check AUTONOMIC_BASE_URL: it must be the platform's URL (and nothing between may strip the Upgrade header)";
     Err(match upgraded {
         Ok(Ok(socket)) => {
