@@ -29,7 +29,7 @@ pub fn check() -> ExitCode {
 }
 
 /// The commands that print and exit: `crds`, `help`, and any unknown one (exit 2).
-pub fn other(command: &str) -> ExitCode {
+pub fn print_command(command: &str) -> ExitCode {
     match command {
         "crds" => print!("{}", crate::crd::CRDS_YAML),
         "help" | "--help" | "-h" => print!("{}", config::usage()),

@@ -18,7 +18,7 @@ fn main() -> ExitCode {
             println!("autonomic-manager {version} (revision {REVISION}, {TARGET})");
             ExitCode::SUCCESS
         }
-        Some(other) => cli::other(other),
+        Some(other) => cli::print_command(other),
     }
 }
 
