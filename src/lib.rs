@@ -4,6 +4,7 @@
 mod audit;
 mod backoff;
 pub mod check;
+pub mod cli;
 mod cluster;
 pub mod config;
 mod connect;
@@ -168,54 +169,15 @@ pub async fn serve(
         })
     });
 
-    tracing::info!(
-        version = VERSION,
-        managed = config.managed,
-        namespaces = ?config.namespaces,
-        // Without its password (Proxy's Display).
-        https_proxy = %config.https_proxy.as_ref().map_or_else(|| "none".to_owned(), ToString::to_string),
-        probe_addr = %probe_addr,
-        "autonomic-manager starting"
-    );
+    announce(&config, probe_addr);
 
     let mut tasks = tokio::task::JoinSet::new();
-    // Every change goes to the work queue and, when managed, to the next delta.
-    let on_change: store::watch::Listener = {
-        let (ctx, link, managed) = (ctx.clone(), link.clone(), config.managed);
-        Arc::new(move |seen| {
-            ctx.route(seen);
-            if managed && let Some(changed) = seen.changed() {
-                link.mark(changed);
-            }
-        })
-    };
-    // Watches and caches always run: a standby is warm and takes over fast. Unmanaged,
-    // every list starts at once; managed, the lists the first snapshot does not need
-    // wait for it to be out (the session opens `later`), or LATER_BOUND after the lists
-    // it needs (a standby, an unreachable control plane).
-    if config.managed {
-        let store = store.clone();
-        tokio::spawn(async move {
-            store.wire_synced.wait().await;
-            tokio::time::sleep(LATER_BOUND).await;
-            store.later.open();
-        });
-    } else {
-        store.later.open();
-    }
+    let on_change = listener_of(&ctx, &link, config.managed);
+    open_later_lists(&store, config.managed);
     store::watch::spawn(&store, &client, &config.namespaces, &on_change, &mut tasks);
-    let mut elector = config.leader_election.then(|| {
-        let identity = format!("{}_{}", config.pod_name, boot_id());
-        tracing::info!(%identity, namespace = %config.pod_namespace, lease = leader::LEASE_NAME, "leader election on");
-        let link = link.clone();
-        let managed = config.managed;
-        let state: leader::LinkState = Arc::new(move || match (managed, link.state()) {
-            (false, _) => "unmanaged: no control-plane connection (manager.managed=false)".into(),
-            (true, s) if s.is_empty() => "not connected yet: dialling the control plane".into(),
-            (true, s) => s,
-        });
-        leader::Elector::new(client.clone(), &config.pod_namespace, identity, state)
-    });
+    let mut elector = config
+        .leader_election
+        .then(|| elector(&config, &client, &link));
     let probe = Arc::new(health::Probe {
         store: store.clone(),
         link: link.clone(),
@@ -239,25 +201,98 @@ pub async fn serve(
             },
         }
     };
-    // One shutdown path: stop writing, close the socket with 1000, then release the
-    // Lease (so the successor never overlaps this connection), all within 5 s.
-    // Leadership lost: stop at once and exit non-zero; the kubelet restarts the
-    // container as a fresh standby (what controller-runtime does).
     let lost = matches!(result, Err(Error::LostLease(_)));
-    if let Some(term) = term.take() {
+    wind_down(term, lost, &link, &metrics, elector.as_mut()).await;
+    tasks.abort_all();
+    tracing::info!("autonomic-manager stopped");
+    result
+}
+
+/// The start-up line: version, mode, namespaces, proxy (without its password) and the
+/// probes' address.
+fn announce(config: &Config, probe_addr: std::net::SocketAddr) {
+    tracing::info!(
+        version = VERSION,
+        managed = config.managed,
+        namespaces = ?config.namespaces,
+        // Without its password (Proxy's Display).
+        https_proxy = %config.https_proxy.as_ref().map_or_else(|| "none".to_owned(), ToString::to_string),
+        probe_addr = %probe_addr,
+        "autonomic-manager starting"
+    );
+}
+
+/// What the watches tell of every change: the work queue and, when managed, the next
+/// delta.
+fn listener_of(
+    ctx: &Arc<reconcile::Context>,
+    link: &Arc<connect::Link>,
+    managed: bool,
+) -> store::watch::Listener {
+    let (ctx, link) = (ctx.clone(), link.clone());
+    let listener: store::watch::Listener = Arc::new(move |seen| {
+        ctx.route(seen);
+        if managed && let Some(changed) = seen.changed() {
+            link.mark(changed);
+        }
+    });
+    listener
+}
+
+/// Watches and caches always run: a standby is warm and takes over fast. Unmanaged,
+/// every list starts at once; managed, the lists the first snapshot does not need wait
+/// for it to be out (the session opens `later`), or [`LATER_BOUND`] after the lists it
+/// needs (a standby, an unreachable control plane).
+fn open_later_lists(store: &Arc<store::Store>, managed: bool) {
+    if managed {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store.wire_synced.wait().await;
+            tokio::time::sleep(LATER_BOUND).await;
+            store.later.open();
+        });
+    } else {
+        store.later.open();
+    }
+}
+
+/// The elector of this process (`<pod>_<boot id>`), which writes the link's state in
+/// words on the Lease.
+fn elector(config: &Config, client: &kube::Client, link: &Arc<connect::Link>) -> leader::Elector {
+    let identity = format!("{}_{}", config.pod_name, boot_id());
+    tracing::info!(%identity, namespace = %config.pod_namespace, lease = leader::LEASE_NAME, "leader election on");
+    let link = link.clone();
+    let managed = config.managed;
+    let state: leader::LinkState = Arc::new(move || match (managed, link.state()) {
+        (false, _) => "unmanaged: no control-plane connection (manager.managed=false)".into(),
+        (true, s) if s.is_empty() => "not connected yet: dialling the control plane".into(),
+        (true, s) => s,
+    });
+    leader::Elector::new(client.clone(), &config.pod_namespace, identity, state)
+}
+
+/// One shutdown path: stop writing, close the socket with 1000, then release the Lease
+/// (so the successor never overlaps this connection), all within 5 s. Leadership
+/// `lost`: stop at once and exit non-zero; the kubelet restarts the container as a
+/// fresh standby (what controller-runtime does).
+async fn wind_down(
+    term: Option<Term>,
+    lost: bool,
+    link: &connect::Link,
+    metrics: &metrics::Metrics,
+    elector: Option<&mut leader::Elector>,
+) {
+    if let Some(term) = term {
         if lost {
             tracing::error!(
                 "leadership lost: stopped reconciling; closing the control-plane connection"
             );
         }
         let within = Duration::from_secs(if lost { 2 } else { 3 });
-        term.end(&link, &metrics, within).await;
+        term.end(link, metrics, within).await;
     }
     // Also as a standby: a shutdown may have cut short an acquire the server applied.
-    if !lost && let Some(elector) = elector.as_mut() {
+    if !lost && let Some(elector) = elector {
         elector.release().await;
     }
-    tasks.abort_all();
-    tracing::info!("autonomic-manager stopped");
-    result
 }

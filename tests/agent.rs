@@ -11,9 +11,6 @@ use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use support::*;
 
-/// A runtime container that stays up and stops at once on SIGTERM.
-const IDLE: &str = r#"["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]"#;
-
 fn agent(name: &str, extra_spec: &str) -> Agent {
     yaml(&format!(
         "apiVersion: autonomic.sh/v1alpha1\nkind: Agent\nmetadata: {{name: {name}}}\nspec: {{runtime: {{image: '{BUSYBOX_IMAGE}', command: {IDLE}}}{extra_spec}}}"

@@ -16,8 +16,6 @@ use kube::runtime::watcher;
 use serde_json::json;
 use support::*;
 
-/// A runtime container that stays up and stops at once on SIGTERM.
-const IDLE: &str = r#"["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]"#;
 const SPEC_HASH: &str = "autonomic.sh/spec-hash";
 
 fn phase(a: &Agent) -> Option<AgentPhase> {

@@ -24,8 +24,6 @@ const LOST: &str = "connection to the control plane lost error=";
 const FAILED: &str = "connection to the control plane failed";
 const WELCOMED: &str = "welcome from the control plane";
 
-const IDLE: &str = r#"["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]"#;
-
 /// A managed manager in `ns` dialling `base_url`.
 fn start(ns: &str, base_url: String) -> Manager {
     let env = managed_vars(base_url, TOKEN);

@@ -13,6 +13,7 @@ const LAYERS: &[&[&str]] = &[
     &["reconcile"],
     &["connect"],
     &["health", "leader", "check"],
+    &["cli"],
 ];
 
 /// An item of `lib.rs` itself (`crate::VERSION`, `crate::Error`, `crate::boot_id`): the

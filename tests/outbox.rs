@@ -29,8 +29,6 @@ const KEY: &str = "events.jsonl";
 const MAX_EVENTS: usize = 1000;
 const MAX_BYTES: usize = 512 * 1024;
 
-const IDLE: &str = r#"["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]"#;
-
 /// A managed manager `pod` living in `ns`, dialling `cp`, with `extra` settings.
 fn start(ns: &str, pod: &str, cp: &FakeCp, extra: &[(&'static str, &str)]) -> Manager {
     let mut env = managed_vars(cp.url(), TOKEN);

@@ -23,7 +23,6 @@ use support::faults::{Fault, FaultProxy};
 use support::own_bed::{kubeconfig_on, server_of};
 use support::*;
 
-const IDLE: &str = r#"["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]"#;
 const SERVE: &str =
     r#"[sh, -c, "trap 'exit 0' TERM; while :; do nc -l -p 8080 -e echo ok & wait $!; done"]"#;
 

@@ -17,8 +17,6 @@ use tokio::io::AsyncReadExt;
 
 const TOKEN: &str = "tok_live_5e1d0c9b8a7f6e52";
 
-const IDLE: &str = r#"["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]"#;
-
 fn start(ns: &str, cp: &FakeCp, extra: &[(&str, &str)]) -> Manager {
     let env = managed_vars(cp.url(), TOKEN);
     let mut pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();

@@ -6,15 +6,18 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
+use tracing_subscriber::filter::Targets;
 
-use crate::crd::{DEFAULT_MAX_SPEC_BYTES, PodSecurityLevel};
+use crate::crd::PodSecurityLevel;
 use crate::egress::{NoProxy, Proxy};
 
 mod help;
 mod url;
+mod vars;
 
 pub use help::{COMMANDS, ENV_VARS, EnvVar, KUBE_ENV_VARS, usage};
 pub use url::BaseUrl;
+use vars::{Vars, check_namespaces, invalid};
 
 /// Why the configuration was refused. Printed as one line; the process exits 2.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -104,6 +107,8 @@ pub struct Config {
     pub leader_election: bool,
     /// `AUTONOMIC_LOG`, checked: `level` and `target=level` directives, comma-separated.
     pub log_filter: String,
+    /// [`Config::log_filter`] as the log subscriber reads it, parsed once here.
+    pub log_targets: Targets,
     pub log_format: LogFormat,
     /// Where the manager itself runs (downward API), for `hello` and the Lease.
     pub pod_namespace: String,
@@ -203,149 +208,23 @@ impl Config {
     }
 
     /// Parses configuration from any variable source. Empty values count as unset.
+    /// The settings are checked group by group, in this order.
     pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let var = |k: &str| get(k).filter(|v| !v.trim().is_empty());
-        let flag = |k: &'static str, default: bool| -> Result<bool, ConfigError> {
-            match var(k) {
-                None => Ok(default),
-                Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-                    "true" | "1" | "yes" | "on" => Ok(true),
-                    "false" | "0" | "no" | "off" => Ok(false),
-                    _ => Err(ConfigError::Bool { var: k, value: v }),
-                },
-            }
-        };
-        let number = |k: &'static str, default: u64| -> Result<u64, ConfigError> {
-            match var(k) {
-                None => Ok(default),
-                Some(v) => v
-                    .trim()
-                    .parse()
-                    .map_err(|_| ConfigError::Number { var: k, value: v }),
-            }
-        };
-
-        let managed = flag("AUTONOMIC_MANAGED", false)?;
-        let allow_insecure = flag("AUTONOMIC_ALLOW_INSECURE", false)?;
-        let base_url_raw = var("AUTONOMIC_BASE_URL").unwrap_or_else(|| DEFAULT_BASE_URL.into());
-        let base_url =
-            BaseUrl::parse(base_url_raw.trim()).map_err(|reason| ConfigError::Invalid {
-                var: "AUTONOMIC_BASE_URL",
-                reason,
-            })?;
-        if !base_url.tls && !base_url.is_loopback() && !allow_insecure {
-            return Err(ConfigError::Invalid {
-                var: "AUTONOMIC_BASE_URL",
-                reason: format!(
-                    "plain http:// to {} would send the token unencrypted; use https:// or set AUTONOMIC_ALLOW_INSECURE=true",
-                    base_url.host
-                ),
-            });
-        }
-        let transport = match var("AUTONOMIC_TRANSPORT").as_deref().map(str::trim) {
-            None | Some("ws") => Transport::Ws,
-            Some("http") => Transport::Http,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    var: "AUTONOMIC_TRANSPORT",
-                    reason: format!("expected ws or http, got {other:?}"),
-                });
-            }
-        };
-        let token = var("AUTONOMIC_AUTH_TOKEN").map(Token::new);
-        let token_file = var("AUTONOMIC_AUTH_TOKEN_FILE").map(PathBuf::from);
-        if managed && token.is_none() && token_file.is_none() {
-            return Err(ConfigError::MissingToken);
-        }
-        let log_format = match var("AUTONOMIC_LOG_FORMAT").as_deref().map(str::trim) {
-            None | Some("text") => LogFormat::Text,
-            Some("json") => LogFormat::Json,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    var: "AUTONOMIC_LOG_FORMAT",
-                    reason: format!("expected json or text, got {other:?}"),
-                });
-            }
-        };
-        let probe_addr = match var("AUTONOMIC_PROBE_ADDR") {
-            None => SocketAddr::from(([0, 0, 0, 0], 8081)),
-            Some(v) => parse_listen_addr(v.trim()).ok_or_else(|| ConfigError::Invalid {
-                var: "AUTONOMIC_PROBE_ADDR",
-                reason: format!("expected [host]:port, got {v:?}"),
-            })?,
-        };
-        let namespaces: Vec<String> = var("AUTONOMIC_NAMESPACES")
-            .map(|v| {
-                v.split(',')
-                    .map(|s| s.trim().to_owned())
-                    .filter(|s| !s.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let leader_election = flag("AUTONOMIC_LEADER_ELECTION", false)?;
-        // The Lease lives in the manager's own namespace; guessing one could make two
-        // installs elect in different places and both lead.
-        if leader_election && var("POD_NAMESPACE").is_none() {
-            return Err(ConfigError::Invalid {
-                var: "POD_NAMESPACE",
-                reason: "AUTONOMIC_LEADER_ELECTION=true needs the namespace of the leader Lease; set POD_NAMESPACE (the downward API's metadata.namespace)".into(),
-            });
-        }
-        let pod_namespace = var("POD_NAMESPACE").unwrap_or_else(|| "default".into());
-        let pod_name = var("POD_NAME")
-            .or_else(|| var("HOSTNAME"))
-            .unwrap_or_else(|| "autonomic-manager".into());
-        let cluster_id = var("AUTONOMIC_CLUSTER_ID").map(|v| v.trim().to_owned());
-        let agentlet_resources = match var("AUTONOMIC_AGENTLET_RESOURCES") {
-            None => default_agentlet_resources(),
-            Some(v) => serde_json::from_str(&v).map_err(|e| ConfigError::Invalid {
-                var: "AUTONOMIC_AGENTLET_RESOURCES",
-                reason: format!("expected a JSON object of requests and limits: {e}"),
-            })?,
-        };
-        let invalid =
-            |var: &'static str| move |reason: String| ConfigError::Invalid { var, reason };
-        let https_proxy = var("HTTPS_PROXY")
-            .map(|v| ("HTTPS_PROXY", v))
-            .or_else(|| var("https_proxy").map(|v| ("https_proxy", v)))
-            .map(|(name, v)| Proxy::parse(&v).map_err(invalid(name)))
-            .transpose()?;
-        let no_proxy = match var("NO_PROXY")
-            .map(|v| ("NO_PROXY", v))
-            .or_else(|| var("no_proxy").map(|v| ("no_proxy", v)))
-        {
-            None => NoProxy::default(),
-            Some((name, v)) => NoProxy::parse(&v).map_err(invalid(name))?,
-        };
-        let log_filter = match var("AUTONOMIC_LOG") {
-            None => "info".to_owned(),
-            Some(v) => check_log_filter(&v).map_err(invalid("AUTONOMIC_LOG"))?,
-        };
-        for ns in &namespaces {
-            if !is_dns_label(ns) {
-                return Err(ConfigError::Invalid {
-                    var: "AUTONOMIC_NAMESPACES",
-                    reason: format!(
-                        "{ns:?} is not a namespace name (lower-case letters, digits and '-', at most 63)"
-                    ),
-                });
-            }
-        }
-        let pod_security = match var("AUTONOMIC_POD_SECURITY") {
-            None => PodSecurityLevel::default(),
-            Some(v) => PodSecurityLevel::parse(v.trim()).ok_or_else(|| ConfigError::Invalid {
-                var: "AUTONOMIC_POD_SECURITY",
-                reason: format!("expected restricted, baseline or privileged, got {v:?}"),
-            })?,
-        };
-        let backoff_initial = Duration::from_millis(number("AUTONOMIC_BACKOFF_INITIAL_MS", 1000)?);
-        let backoff_max = Duration::from_millis(number("AUTONOMIC_BACKOFF_MAX_MS", 60_000)?);
-        if backoff_initial.is_zero() || backoff_max < backoff_initial {
-            return Err(ConfigError::Invalid {
-                var: "AUTONOMIC_BACKOFF_MAX_MS",
-                reason: "the backoff needs 0 < initial <= max".into(),
-            });
-        }
+        let v = Vars(get);
+        let (managed, allow_insecure, base_url, transport) = v.control_plane()?;
+        let (token, token_file) = v.token(managed)?;
+        let (log_format, probe_addr, namespaces, leader_election) = v.process()?;
+        let (pod_namespace, pod_name) = v.own_pod(leader_election)?;
+        let cluster_id = v.var("AUTONOMIC_CLUSTER_ID").map(|v| v.trim().to_owned());
+        let agentlet_resources = v.agentlet_resources()?;
+        let (https_proxy, no_proxy) = v.proxy()?;
+        let log = v.var("AUTONOMIC_LOG").unwrap_or_else(|| "info".into());
+        let (log_filter, log_targets) = check_log_filter(&log).map_err(invalid("AUTONOMIC_LOG"))?;
+        check_namespaces(&namespaces)?;
+        let pod_security = v.pod_security()?;
+        let (backoff_initial, backoff_max) = v.backoff()?;
+        let (eviction_delay, welcome_timeout, max_sessions, roll_max, max_spec_bytes) =
+            v.limits()?;
         Ok(Config {
             managed,
             base_url,
@@ -353,69 +232,36 @@ impl Config {
             token_file,
             cluster_id,
             transport,
-            ca_file: var("AUTONOMIC_CA_FILE").map(|v| PathBuf::from(v.trim())),
-            ssl_cert_file: var("SSL_CERT_FILE").map(|v| PathBuf::from(v.trim())),
-            // Colon-separated, as OpenSSL and Go read it; empty parts are skipped.
-            ssl_cert_dirs: var("SSL_CERT_DIR")
-                .map(|v| {
-                    v.split(':')
-                        .map(str::trim)
-                        .filter(|d| !d.is_empty())
-                        .map(PathBuf::from)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            ca_file: v.var("AUTONOMIC_CA_FILE").map(|v| PathBuf::from(v.trim())),
+            ssl_cert_file: v.var("SSL_CERT_FILE").map(|v| PathBuf::from(v.trim())),
+            ssl_cert_dirs: v.ssl_cert_dirs(),
             https_proxy,
             no_proxy,
             allow_insecure,
             backoff_initial,
             backoff_max,
-            eviction_delay: Duration::from_secs(number("AUTONOMIC_EVICTION_DELAY_S", 300)?),
-            welcome_timeout: Duration::from_secs(number("AUTONOMIC_WELCOME_TIMEOUT_S", 10)?),
-            agentlet_image: var("AUTONOMIC_AGENTLET_IMAGE"),
+            eviction_delay,
+            welcome_timeout,
+            agentlet_image: v.var("AUTONOMIC_AGENTLET_IMAGE"),
             agentlet_resources,
             namespaces,
             probe_addr,
             leader_election,
             log_filter,
+            log_targets,
             log_format,
             pod_namespace,
             pod_name,
             own_service_account: None,
-            pod_uid: var("POD_UID").unwrap_or_default(),
-            node_name: var("NODE_NAME").unwrap_or_default(),
-            max_sessions: number("AUTONOMIC_MAX_SESSIONS", 16)? as usize,
-            roll_max: match number("AUTONOMIC_ROLL_MAX", DEFAULT_ROLL_MAX)? {
-                0 => {
-                    return Err(ConfigError::Invalid {
-                        var: "AUTONOMIC_ROLL_MAX",
-                        reason: "0 would never roll a changed pod; the least is 1".into(),
-                    });
-                }
-                n => n.min(100_000) as usize,
-            },
+            pod_uid: v.var("POD_UID").unwrap_or_default(),
+            node_name: v.var("NODE_NAME").unwrap_or_default(),
+            max_sessions,
+            roll_max,
             pod_security,
-            max_spec_bytes: match number("AUTONOMIC_MAX_SPEC_BYTES", DEFAULT_MAX_SPEC_BYTES)? {
-                0 => {
-                    return Err(ConfigError::Invalid {
-                        var: "AUTONOMIC_MAX_SPEC_BYTES",
-                        reason: "0 would refuse every object; the least is 1 (the default is 262144, 256 KiB)".into(),
-                    });
-                }
-                n => n,
-            },
-            send_env_values: match var("AUTONOMIC_WIRE_ENV_VALUES").as_deref().map(str::trim) {
-                None | Some("mask") => false,
-                Some("send") => true,
-                Some(v) => {
-                    return Err(ConfigError::Invalid {
-                        var: "AUTONOMIC_WIRE_ENV_VALUES",
-                        reason: format!("expected mask or send, got {v:?}"),
-                    });
-                }
-            },
-            shell_enabled: flag("AUTONOMIC_SHELL_ENABLED", true)?,
-            control_actions: control_actions(var("AUTONOMIC_CONTROL_ACTIONS").as_deref())?,
+            max_spec_bytes,
+            send_env_values: v.send_env_values()?,
+            shell_enabled: v.flag("AUTONOMIC_SHELL_ENABLED", true)?,
+            control_actions: control_actions(v.var("AUTONOMIC_CONTROL_ACTIONS").as_deref())?,
         })
     }
 
@@ -448,9 +294,10 @@ pub fn default_agentlet_resources() -> ResourceRequirements {
 /// directive is a level (`off`, `error`, `warn`, `info`, `debug`, `trace`) or
 /// `target=level`. `tracing_subscriber`'s own parser would take a misspelt level
 /// (`debgu`) as a target enabled at trace, silencing everything else, and a space
-/// after a comma as part of a target: both are refused here instead.
-fn check_log_filter(value: &str) -> Result<String, String> {
-    use tracing_subscriber::filter::{LevelFilter, Targets};
+/// after a comma as part of a target: both are refused here instead. With it, the
+/// filter parsed.
+fn check_log_filter(value: &str) -> Result<(String, Targets), String> {
+    use tracing_subscriber::filter::LevelFilter;
     let mut directives = Vec::new();
     for directive in value.split(',').map(str::trim).filter(|d| !d.is_empty()) {
         let level = |l: &str| {
@@ -487,10 +334,10 @@ fn check_log_filter(value: &str) -> Result<String, String> {
         return Err(format!("{value:?} holds no directive"));
     }
     let filter = directives.join(",");
-    filter
+    let targets = filter
         .parse::<Targets>()
         .map_err(|e| format!("{value:?}: {e}"))?;
-    Ok(filter)
+    Ok((filter, targets))
 }
 
 /// A Kubernetes namespace name: a DNS-1123 label.
@@ -623,7 +470,7 @@ mod tests {
     }
 
     #[test]
-    fn cluster_id_is_read_from_the_cluster_unless_set() {
+    fn cluster_id_is_none_unless_set_and_trimmed_when_set() {
         let c = parse(&[("POD_NAMESPACE", "autonomic-system"), ("HOSTNAME", "m-1")]).unwrap();
         assert_eq!(c.cluster_id, None);
         let c = parse(&[("AUTONOMIC_CLUSTER_ID", " prod-eu ")]).unwrap();

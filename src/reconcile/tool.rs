@@ -22,7 +22,7 @@ use super::offer;
 use super::podsecurity::{self, Level};
 use super::problem::{self, Problem};
 use super::{Context, Outcome, demand};
-use crate::cluster::Error;
+use crate::cluster::{Error, Refused};
 use crate::crd::{Kind, Reason, Tool, ToolPhase, ToolStatus, tool_pod_name as pod_name};
 use crate::store::Health;
 use crate::store::{Oversized, PodView};
@@ -263,31 +263,7 @@ fn decide(
     }
     let wanted = tool.spec.always_on || demand.users > 0;
     if !wanted {
-        let Some(pod) = live else {
-            return plan_of(Keep, Pending, Reason::Idle, IDLE);
-        };
-        // The grace: from the recorded start, unless it lies ahead of this clock (another
-        // replica's clock ran ahead): then from now, so the pod never waits past a full
-        // grace from the first look.
-        let start = ceil_second(now);
-        let since = demand.idle_since.filter(|s| *s <= start).unwrap_or(start);
-        let grace = SignedDuration::from_secs(tool.spec.idle_seconds.clamp(0, 86_400));
-        let until = since.checked_add(grace).unwrap_or(since);
-        // Ended: not replaced for no one.
-        let Some((phase, reason, state)) = by_health(tool, pod) else {
-            return plan_of(Delete, Pending, Reason::Idle, IDLE);
-        };
-        // Past the grace, or built from an old spec (not rebuilt for no one).
-        if now >= until || stale {
-            return plan_of(Delete, Pending, Reason::Idle, IDLE);
-        }
-        return Plan {
-            action: WaitUntil(until),
-            phase,
-            reason,
-            message: format!("{IDLE}: pod removed at {until} unless one returns ({state})"),
-            idle_since: Some(since),
-        };
+        return unwanted(tool, live, stale, demand, now);
     }
     let Some(pod) = current else {
         return plan_of(Create, Pending, Reason::Creating, "creating pod");
@@ -320,23 +296,52 @@ fn decide(
     }
 }
 
+/// The plan of a Tool no one uses and not always on: a live pod is kept through the
+/// idle grace, then removed; none is created.
+fn unwanted(
+    tool: &Tool,
+    live: Option<&PodView>,
+    stale: bool,
+    demand: Demand,
+    now: Timestamp,
+) -> Plan {
+    use PodAction::*;
+    use ToolPhase::*;
+    let Some(pod) = live else {
+        return plan_of(Keep, Pending, Reason::Idle, IDLE);
+    };
+    // The grace: from the recorded start, unless it lies ahead of this clock (another
+    // replica's clock ran ahead): then from now, so the pod never waits past a full
+    // grace from the first look.
+    let start = ceil_second(now);
+    let since = demand.idle_since.filter(|s| *s <= start).unwrap_or(start);
+    let grace = SignedDuration::from_secs(tool.spec.idle_seconds.clamp(0, 86_400));
+    let until = since.checked_add(grace).unwrap_or(since);
+    // Ended: not replaced for no one.
+    let Some((phase, reason, state)) = by_health(tool, pod) else {
+        return plan_of(Delete, Pending, Reason::Idle, IDLE);
+    };
+    // Past the grace, or built from an old spec (not rebuilt for no one).
+    if now >= until || stale {
+        return plan_of(Delete, Pending, Reason::Idle, IDLE);
+    }
+    Plan {
+        action: WaitUntil(until),
+        phase,
+        reason,
+        message: format!("{IDLE}: pod removed at {until} unless one returns ({state})"),
+        idle_since: Some(since),
+    }
+}
+
+/// Brings a Tool's Service and pod to what its spec and its users ask, and writes the
+/// status they give it.
 pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error> {
-    // Demand comes from the Agent cache, complete here: workers start only once every
-    // watch has listed (spawn_workers), so "no users" is never a guess.
     let ns = tool.namespace().unwrap_or_default();
     let name = tool.name_any();
     let uid = tool.uid();
     let current = ctx.store.owned_pod(&ns, &pod_name(&name), uid.as_deref());
-    let recorded = tool
-        .status
-        .as_ref()
-        .and_then(|s| s.idle_since.as_ref())
-        .map(|t| t.0);
-    let demand = Demand {
-        users: demand::users(&ctx.store.agents.in_namespace(&ns), &name),
-        // Our own last write wins over a cache that may not hold it yet.
-        idle_since: ctx.demand.idle_since(&tool).unwrap_or(recorded),
-    };
+    let demand = demand_of(ctx, &tool);
     let now = ctx.now();
     let level = ctx.pod_security(&ns);
     let mut plan = plan(&tool, current.as_deref(), demand, now, level);
@@ -348,32 +353,69 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
     {
         plan = problem(&why);
     }
-    let mut requeue = None;
-    // The Service exists whether or not the pod runs.
-    if tool.metadata.deletion_timestamp.is_none()
-        && validate(&tool).is_ok()
-        && let Some(why) = ctx
-            .kube
-            .apply(
-                &ns,
-                &desired_service(&tool),
-                ctx.store.services.get(&ns, &name).as_deref(),
-            )
-            .await?
-            .refused()
-    {
+    if let Some(why) = apply_service(ctx, &tool).await? {
         // Leave the pod alone and the grace as it was; say why.
         plan = Plan {
             idle_since: demand.idle_since,
             ..problem(&why.into())
         };
     }
-    // The pod's name is held by another of our pods (an Agent named `<tool>-tool`):
-    // whoever has it keeps it; a watch event of that pod requeues this Tool.
     if plan.action == PodAction::Create
-        && let Some(holder) = ctx.store.pods.get(&ns, &pod_name(&name))
+        && let Some(held) = name_held(ctx, &tool)
     {
-        plan = if crate::store::controller_of(&holder.metadata) == Some((Kind::Tool, &name)) {
+        plan = held;
+    }
+    let requeue = act(ctx, &tool, &mut plan, current.as_deref(), now).await?;
+    let idle_since = plan.idle_since;
+    let status = status_of(&tool, plan, current.as_deref(), demand);
+    ctx.kube
+        .write_status(&*tool, tool.status.as_ref(), &status)
+        .await?;
+    ctx.demand.wrote_idle_since(&tool, idle_since);
+    Ok(Outcome { requeue })
+}
+
+/// The Tool's users, and since when it has had none.
+fn demand_of(ctx: &Context, tool: &Tool) -> Demand {
+    // Demand comes from the Agent cache, complete here: workers start only once every
+    // watch has listed (spawn_workers), so "no users" is never a guess.
+    let ns = tool.namespace().unwrap_or_default();
+    let recorded = tool
+        .status
+        .as_ref()
+        .and_then(|s| s.idle_since.as_ref())
+        .map(|t| t.0);
+    Demand {
+        users: demand::users(&ctx.store.agents.in_namespace(&ns), &tool.name_any()),
+        // Our own last write wins over a cache that may not hold it yet.
+        idle_since: ctx.demand.idle_since(tool).unwrap_or(recorded),
+    }
+}
+
+/// Applies the Tool's Service, which exists whether or not the pod runs (not for a Tool
+/// being deleted or invalid): why the API server refused it, if it did.
+async fn apply_service(ctx: &Context, tool: &Tool) -> Result<Option<Refused>, Error> {
+    if tool.metadata.deletion_timestamp.is_some() || validate(tool).is_err() {
+        return Ok(None);
+    }
+    let ns = tool.namespace().unwrap_or_default();
+    let cached = ctx.store.services.get(&ns, &tool.name_any());
+    Ok(ctx
+        .kube
+        .apply(&ns, &desired_service(tool), cached.as_deref())
+        .await?
+        .refused())
+}
+
+/// The plan when the pod's name is held by another of our pods (an Agent named
+/// `<tool>-tool`, or an earlier Tool's pod going): whoever has it keeps it; a watch
+/// event of that pod requeues this Tool.
+fn name_held(ctx: &Context, tool: &Tool) -> Option<Plan> {
+    let ns = tool.namespace().unwrap_or_default();
+    let name = tool.name_any();
+    let holder = ctx.store.pods.get(&ns, &pod_name(&name))?;
+    Some(
+        if crate::store::controller_of(&holder.metadata) == Some((Kind::Tool, &name)) {
             plan_of(
                 PodAction::Keep,
                 ToolPhase::Pending,
@@ -382,62 +424,70 @@ pub async fn reconcile(ctx: &Context, tool: Arc<Tool>) -> Result<Outcome, Error>
             )
         } else {
             problem(&problem::pod_not_ours(Kind::Tool, &holder))
-        };
-    }
+        },
+    )
+}
+
+/// Carries out the plan's pod action: when to look again (the idle grace's end, or
+/// slowly after the API server refused the pod, which makes the plan that problem).
+async fn act(
+    ctx: &Context,
+    tool: &Tool,
+    plan: &mut Plan,
+    current: Option<&PodView>,
+    now: Timestamp,
+) -> Result<Option<Duration>, Error> {
     match plan.action {
         PodAction::Create => {
-            if let Some(why) = ctx.kube.create_pod(&desired_pod(&tool)).await?.refused() {
+            if let Some(why) = ctx.kube.create_pod(&desired_pod(tool)).await?.refused() {
                 // The API server refused the pod itself; retry slowly (a quota may free up).
-                plan = problem(&why.into());
-                requeue = Some(Duration::from_secs(60));
+                *plan = problem(&why.into());
+                return Ok(Some(Duration::from_secs(60)));
             }
         }
         PodAction::Delete => {
-            if let Some(pod) = &current {
+            if let Some(pod) = current {
                 ctx.kube.delete_pod(pod).await?;
             }
         }
         PodAction::WaitUntil(at) => {
             let left = Duration::try_from(at.duration_since(now)).unwrap_or_default();
             // A little past the end, so the pass that wakes finds the grace over.
-            requeue = Some(left + Duration::from_millis(50));
+            return Ok(Some(left + Duration::from_millis(50)));
         }
         PodAction::Keep => {}
     }
+    Ok(None)
+}
 
+/// The status the plan, the Tool's pod and its demand give it.
+fn status_of(tool: &Tool, plan: Plan, current: Option<&PodView>, demand: Demand) -> ToolStatus {
     let phase = plan.phase;
     let valid = phase != ToolPhase::Error || current.is_some();
     // A stub's port is the default, not the user's: the endpoint stays as last written.
     let serving_at = if Oversized::of(&tool.metadata).is_some() {
         tool.status.as_ref().and_then(|s| s.endpoint.clone())
     } else {
-        valid.then(|| endpoint(&tool))
+        valid.then(|| endpoint(tool))
     };
     let keeps_pod = phase != ToolPhase::Disabled
         && plan.action != PodAction::Delete
-        && current
-            .as_ref()
-            .is_some_and(|p| p.metadata.deletion_timestamp.is_none());
+        && current.is_some_and(|p| p.metadata.deletion_timestamp.is_none());
     let own = ToolStatus {
-        pod_name: keeps_pod.then(|| pod_name(&name)),
+        pod_name: keeps_pod.then(|| pod_name(&tool.name_any())),
         endpoint: serving_at,
         users: Some(i64::from(demand.users)),
         idle_since: plan.idle_since.map(Time),
         ..Default::default()
     };
-    let status = common::status(
+    common::status(
         &tool.metadata,
         tool.status.as_ref(),
         phase,
         plan.reason,
         plan.message,
         own,
-    );
-    ctx.kube
-        .write_status(&*tool, tool.status.as_ref(), &status)
-        .await?;
-    ctx.demand.wrote_idle_since(&tool, plan.idle_since);
-    Ok(Outcome { requeue })
+    )
 }
 
 #[cfg(test)]

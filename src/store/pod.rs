@@ -139,6 +139,8 @@ pub enum Health {
     Failed(Reason, String),
 }
 
+/// The [`Health`] a pod's status gives: its phase when it ended, a stuck container,
+/// ready, or what it waits for.
 pub fn pod_health(pod: &PodView) -> Health {
     let Some(status) = pod.status.as_ref() else {
         return Health::Pending(Reason::Scheduling, "pod created, not yet scheduled".into());
@@ -160,6 +162,19 @@ pub fn pod_health(pod: &PodView) -> Health {
         }
         _ => {}
     }
+    if let Some(stuck) = stuck(status) {
+        return stuck;
+    }
+    let statuses = status.container_statuses.as_deref().unwrap_or_default();
+    if phase == "Running" && !statuses.is_empty() && statuses.iter().all(|c| c.ready) {
+        return Health::Ready;
+    }
+    waiting_for(status, phase)
+}
+
+/// A container that cannot start or keeps crashing (a waiting reason of
+/// [`ERROR_REASONS`]), init containers first.
+fn stuck(status: &PodViewStatus) -> Option<Health> {
     let containers = status
         .init_container_statuses
         .iter()
@@ -170,20 +185,21 @@ pub fn pod_health(pod: &PodView) -> Health {
             let waiting = w.reason.as_deref().unwrap_or_default();
             if let Some((_, reason)) = ERROR_REASONS.iter().find(|(r, _)| *r == waiting) {
                 let msg = w.message.as_deref().unwrap_or_default();
-                return Health::Error(
+                return Some(Health::Error(
                     *reason,
                     format!("container {}: {waiting}: {msg}", cs.name)
                         .trim_end_matches([' ', ':'])
                         .to_owned(),
-                );
+                ));
             }
         }
     }
+    None
+}
+
+/// What a pod neither ready nor stuck waits for, most specific first.
+fn waiting_for(status: &PodViewStatus, phase: &str) -> Health {
     let statuses = status.container_statuses.as_deref().unwrap_or_default();
-    if phase == "Running" && !statuses.is_empty() && statuses.iter().all(|c| c.ready) {
-        return Health::Ready;
-    }
-    // Say what it is waiting for, most specific first.
     let unschedulable = status.conditions.iter().flatten().find(|c| {
         c.type_ == "PodScheduled"
             && c.status == "False"

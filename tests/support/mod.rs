@@ -28,6 +28,8 @@ use serde_json::{Value, json};
 
 pub const AGENTLET_IMAGE: &str = "autonomic.test/agentlet:1";
 pub const BUSYBOX_IMAGE: &str = "autonomic.test/busybox:1";
+/// A runtime container that stays up and stops at once on SIGTERM.
+pub const IDLE: &str = r#"["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]"#;
 /// Long enough for a pod on a loaded 2-core machine; this is a bound, not a claim.
 pub const WAIT: Duration = Duration::from_secs(150);
 

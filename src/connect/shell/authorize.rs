@@ -3,6 +3,7 @@
 use super::IoOpen;
 use crate::config::Config;
 use crate::crd::AgentPhase;
+use crate::protocol::frame::IoTarget;
 use crate::store::Store;
 use crate::store::{SHELL_DISABLED, SHELL_LABEL};
 
@@ -23,7 +24,13 @@ pub fn authorize(
     o: &IoOpen,
     open: usize,
 ) -> Result<String, String> {
-    let t = &o.target;
+    allowed_request(config, o, open)?;
+    allowed_namespace(store, config, &o.target.namespace)?;
+    running_pod(store, &o.target)
+}
+
+/// Shells on, a session free, an allowed container and a command within bounds.
+fn allowed_request(config: &Config, o: &IoOpen, open: usize) -> Result<(), String> {
     if !config.shell_enabled {
         return Err("shells are disabled by the admin (AUTONOMIC_SHELL_ENABLED=false)".into());
     }
@@ -33,10 +40,10 @@ pub fn authorize(
             open, config.max_sessions
         ));
     }
-    if !ALLOWED_CONTAINERS.contains(&t.container.as_str()) {
+    if !ALLOWED_CONTAINERS.contains(&o.target.container.as_str()) {
         return Err(format!(
             "container {:?} is not allowed (runtime or agentlet only)",
-            t.container
+            o.target.container
         ));
     }
     if o.command.is_empty() || o.command.iter().any(|a| a.contains('\0')) {
@@ -50,28 +57,31 @@ pub fn authorize(
             MAX_COMMAND_BYTES / 1024
         ));
     }
-    if !config.watches(&t.namespace) {
+    Ok(())
+}
+
+/// A namespace this manager watches, whose labels are known and do not veto shells.
+fn allowed_namespace(store: &Store, config: &Config, namespace: &str) -> Result<(), String> {
+    if !config.watches(namespace) {
         return Err(format!(
-            "namespace {:?} is not watched by this manager",
-            t.namespace
+            "namespace {namespace:?} is not watched by this manager"
         ));
     }
     // The admin's veto is the namespace's label: unknown labels refuse (fail closed).
-    match store.namespaces.get("", &t.namespace) {
-        None => {
-            return Err(format!(
-                "the labels of namespace {:?} are not known (not listed yet, or the manager may not read it): shells there are refused until they are",
-                t.namespace
-            ));
-        }
-        Some(n) if n.shell_disabled() => {
-            return Err(format!(
-                "shells are disabled in namespace {:?} by the admin (label {SHELL_LABEL}={SHELL_DISABLED})",
-                t.namespace
-            ));
-        }
-        Some(_) => {}
+    match store.namespaces.get("", namespace) {
+        None => Err(format!(
+            "the labels of namespace {namespace:?} are not known (not listed yet, or the manager may not read it): shells there are refused until they are"
+        )),
+        Some(n) if n.shell_disabled() => Err(format!(
+            "shells are disabled in namespace {namespace:?} by the admin (label {SHELL_LABEL}={SHELL_DISABLED})"
+        )),
+        Some(_) => Ok(()),
     }
+}
+
+/// The name of the target Agent's own pod, the Agent Active and not paused, the pod
+/// running with the target container.
+fn running_pod(store: &Store, t: &IoTarget) -> Result<String, String> {
     let agent = store
         .agents
         .get(&t.namespace, &t.agent)

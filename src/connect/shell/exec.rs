@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, AttachParams, AttachedProcess, TerminalSize};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, SimplexStream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until, timeout};
 use tracing::Instrument;
@@ -103,100 +103,24 @@ impl Exec {
             let (cols, rows) = *self.resize.borrow_and_update();
             let _ = tx.try_send(terminal(cols, rows));
         }
-        let (Some(mut stdout), Some(mut stdin), Some(status)) =
+        let (Some(stdout), Some(stdin), Some(status)) =
             (process.stdout(), process.stdin(), process.take_status())
         else {
             return failed("exec streams missing".into());
         };
-        let mut stderr = process.stderr();
-        let mut marker = PidMarker::default();
-        let mut out_open = true;
-        let mut err_open = stderr.is_some();
-        let mut out_buf = vec![0u8; CHUNK];
-        let mut err_buf = vec![0u8; CHUNK];
-        let mut cut_at: Option<Instant> = None;
-        let mut kill_pending = false;
-        let mut reason: Option<String> = None;
-        let spawn_kill = |pid: u32| {
-            let (ns, pod, container) = (&self.namespace, &self.pod, &self.container);
-            // In the session's span: the kill's log lines name its channel.
-            tokio::spawn(
-                kill(
-                    self.client.clone(),
-                    ns.clone(),
-                    pod.clone(),
-                    container.clone(),
-                    pid,
-                )
-                .in_current_span(),
-            );
-        };
+        let stderr = process.stderr();
         // Stdin is fed from its own future so that a process not reading its input
         // cannot stop its output from being read (the exec's pipes would deadlock).
-        let input = self.stdin.clone();
-        let feed = async move {
-            // A fixed buffer: what waits beyond it is in `input`, bounded there.
-            let mut chunk = vec![0u8; CHUNK];
-            loop {
-                let n = input.take(&mut chunk).await;
-                if stdin.write_all(&chunk[..n]).await.is_err() {
-                    break;
-                }
-            }
-            // Keep the writer: dropping it would close the whole exec stream (v4).
-            std::future::pending::<()>().await;
+        let feed = feed(self.stdin.clone(), stdin);
+        let streams = Streams {
+            stdout,
+            stderr,
+            size,
         };
-        tokio::pin!(feed);
-        while out_open || err_open {
-            tokio::select! {
-                r = stdout.read(&mut out_buf), if out_open => match r {
-                    Ok(0) | Err(_) => out_open = false,
-                    Ok(n) => {
-                        let data = marker.feed(&out_buf[..n]);
-                        if kill_pending && let Some(pid) = marker.pid {
-                            kill_pending = false;
-                            spawn_kill(pid);
-                        }
-                        // Once closed, output is drained, not sent: no one reads it, and
-                        // waiting for room would hold up the process's end.
-                        if !data.is_empty() && cut_at.is_none() && self.events.send(Event::Output(self.channel, Stream::Stdout, data)).await.is_err() {
-                            process.abort();
-                            return failed("the connection is gone".into());
-                        }
-                    }
-                },
-                r = read_some(&mut stderr, &mut err_buf), if err_open => match r {
-                    Ok(0) | Err(_) => err_open = false,
-                    Ok(n) => {
-                        let data = err_buf[..n].to_vec();
-                        if cut_at.is_none() && self.events.send(Event::Output(self.channel, Stream::Stderr, data)).await.is_err() {
-                            process.abort();
-                            return failed("the connection is gone".into());
-                        }
-                    }
-                },
-                _ = &mut feed => {}
-                Ok(()) = self.resize.changed() => {
-                    let (cols, rows) = *self.resize.borrow_and_update();
-                    if let Some(tx) = size.as_mut() {
-                        let _ = tx.try_send(terminal(cols, rows));
-                    }
-                }
-                Ok(()) = self.close.changed(), if cut_at.is_none() => {
-                    reason = self.close.borrow().clone();
-                    cut_at = Some(Instant::now() + KILL_GRACE);
-                    match marker.pid {
-                        Some(pid) => spawn_kill(pid),
-                        // The pid is still on its way: the kill follows it (above).
-                        None => kill_pending = true,
-                    }
-                }
-                _ = sleep_until(cut_at.unwrap_or_else(Instant::now)), if cut_at.is_some() => {
-                    process.abort();
-                    break;
-                }
-            }
-        }
+        let reason = match self.pump(&mut process, streams, feed).await {
+            Ok(reason) => reason,
+            Err(gone) => return gone,
+        };
         let code = match timeout(STATUS_TIMEOUT, status).await {
             Ok(Some(s)) => exit_code(&s),
             _ => None,
@@ -207,6 +131,105 @@ impl Exec {
         }
     }
 
+    /// Pumps output out and resizes in until the output ends or the session, closed,
+    /// cuts the process after [`KILL_GRACE`]: why it was closed, if it was; `Err` when
+    /// the connection is gone.
+    async fn pump(
+        &mut self,
+        process: &mut AttachedProcess,
+        mut streams: Streams,
+        feed: impl Future<Output = ()>,
+    ) -> Result<Option<String>, Exit> {
+        let mut marker = PidMarker::default();
+        let mut out_open = true;
+        let mut err_open = streams.stderr.is_some();
+        let mut out_buf = vec![0u8; CHUNK];
+        let mut err_buf = vec![0u8; CHUNK];
+        let mut cut_at: Option<Instant> = None;
+        let mut kill_pending = false;
+        let mut reason: Option<String> = None;
+        tokio::pin!(feed);
+        while out_open || err_open {
+            tokio::select! {
+                r = streams.stdout.read(&mut out_buf), if out_open => match r {
+                    Ok(0) | Err(_) => out_open = false,
+                    Ok(n) => {
+                        let data = marker.feed(&out_buf[..n]);
+                        if kill_pending && let Some(pid) = marker.pid {
+                            kill_pending = false;
+                            self.spawn_kill(pid);
+                        }
+                        // Once closed, output is drained, not sent: no one reads it, and
+                        // waiting for room would hold up the process's end.
+                        if !data.is_empty() && cut_at.is_none() {
+                            self.send_output(process, Stream::Stdout, data).await?;
+                        }
+                    }
+                },
+                r = read_some(&mut streams.stderr, &mut err_buf), if err_open => match r {
+                    Ok(0) | Err(_) => err_open = false,
+                    Ok(n) => {
+                        if cut_at.is_none() {
+                            self.send_output(process, Stream::Stderr, err_buf[..n].to_vec()).await?;
+                        }
+                    }
+                },
+                _ = &mut feed => {}
+                Ok(()) = self.resize.changed() => {
+                    let (cols, rows) = *self.resize.borrow_and_update();
+                    if let Some(tx) = streams.size.as_mut() {
+                        let _ = tx.try_send(terminal(cols, rows));
+                    }
+                }
+                Ok(()) = self.close.changed(), if cut_at.is_none() => {
+                    reason = self.close.borrow().clone();
+                    cut_at = Some(Instant::now() + KILL_GRACE);
+                    match marker.pid {
+                        Some(pid) => self.spawn_kill(pid),
+                        // The pid is still on its way: the kill follows it (above).
+                        None => kill_pending = true,
+                    }
+                }
+                _ = sleep_until(cut_at.unwrap_or_else(Instant::now)), if cut_at.is_some() => {
+                    process.abort();
+                    break;
+                }
+            }
+        }
+        Ok(reason)
+    }
+
+    /// Sends one output frame; the process is aborted when the connection is gone.
+    async fn send_output(
+        &self,
+        process: &mut AttachedProcess,
+        stream: Stream,
+        data: Vec<u8>,
+    ) -> Result<(), Exit> {
+        let event = Event::Output(self.channel, stream, data);
+        if self.events.send(event).await.is_err() {
+            process.abort();
+            return Err(failed("the connection is gone".into()));
+        }
+        Ok(())
+    }
+
+    /// Ends the process `pid` in a task of its own, in the session's span (the kill's
+    /// log lines name its channel).
+    fn spawn_kill(&self, pid: u32) {
+        let (ns, pod, container) = (&self.namespace, &self.pod, &self.container);
+        tokio::spawn(
+            kill(
+                self.client.clone(),
+                ns.clone(),
+                pod.clone(),
+                container.clone(),
+                pid,
+            )
+            .in_current_span(),
+        );
+    }
+
     fn closed_reason(&self, fallback: &str) -> Exit {
         failed(
             self.close
@@ -215,6 +238,27 @@ impl Exec {
                 .unwrap_or_else(|| fallback.to_owned()),
         )
     }
+}
+
+/// The exec's output streams and its terminal's size channel (a TTY's only).
+struct Streams {
+    stdout: ReadHalf<SimplexStream>,
+    stderr: Option<ReadHalf<SimplexStream>>,
+    size: Option<futures::channel::mpsc::Sender<TerminalSize>>,
+}
+
+/// Feeds the session's input to the process's stdin until the pipe closes, then holds
+/// the writer: dropping it would close the whole exec stream (v4).
+async fn feed(input: Arc<Input>, mut stdin: impl AsyncWrite + Unpin) {
+    // A fixed buffer: what waits beyond it is in `input`, bounded there.
+    let mut chunk = vec![0u8; CHUNK];
+    loop {
+        let n = input.take(&mut chunk).await;
+        if stdin.write_all(&chunk[..n]).await.is_err() {
+            break;
+        }
+    }
+    std::future::pending::<()>().await;
 }
 
 fn terminal(cols: u16, rows: u16) -> TerminalSize {

@@ -15,7 +15,7 @@ use super::offer;
 use super::problem::{self, Problem};
 use super::roll::Admit;
 use super::{Context, Outcome};
-use crate::cluster::Error;
+use crate::cluster::{Error, Refused};
 use crate::crd::{
     Agent, AgentPhase, AgentStatus, Key, Kind, Memory, MemoryRef, Reason, Runtime, Tool,
 };
@@ -288,6 +288,8 @@ fn roll_over(phase: AgentPhase) -> bool {
 /// slot frees (the queue holds one wake-up per key, so this never piles up).
 const ROLL_RECHECK: Duration = Duration::from_secs(30);
 
+/// Brings an Agent's config Secret and pod to what its spec asks, within the roll
+/// budget, and writes the status they give it.
 pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Error> {
     let ns = agent.namespace().unwrap_or_default();
     let name = agent.name_any();
@@ -300,92 +302,119 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
         };
         admitted_pod(&agent, r.runtime.as_deref(), &agentlet, level)
     });
-    let mut refused = None;
-    if let Ok(refs) = &refs
-        && agent.metadata.deletion_timestamp.is_none()
-    {
-        let cached = ctx.store.secrets.get(&ns, &secret_name(&name));
-        refused = ctx
-            .kube
-            .write_secret(&desired_secret(&agent, refs), cached.as_deref())
-            .await?
-            .refused();
-    }
+    let refused = write_config_secret(ctx, &agent, &refs).await?;
     let mut current = ctx.store.pods.get(&ns, &name);
     let mut plan = plan(&agent, &desired, current.as_deref());
-    let mut requeue = None;
     if let Some(why) = refused {
         // Without its config Secret the pod cannot start: leave the pod alone, say why.
         plan = problem(&why.into());
     }
-    // The roll budget: a stale pod is recreated only with a slot; the others keep it.
-    let key = Key::of(Kind::Agent, &*agent);
+    let mut requeue = None;
+    if let Some(waiting) = roll_budget(ctx, &agent, &plan, current.as_deref()) {
+        plan = waiting;
+        requeue = Some(ROLL_RECHECK);
+    }
+    if let Some(slowly) = act(ctx, &agent, &desired, &mut plan, &mut current).await? {
+        requeue = Some(slowly);
+    }
+    let status = status_of(&agent, &refs, plan, current.as_deref());
+    ctx.kube
+        .write_status(&*agent, agent.status.as_ref(), &status)
+        .await?;
+    Ok(Outcome { requeue })
+}
+
+/// Writes the Agent's config Secret when its references resolve and it is not being
+/// deleted: why the API server refused it, if it did.
+async fn write_config_secret(
+    ctx: &Context,
+    agent: &Agent,
+    refs: &Result<Refs, Problem>,
+) -> Result<Option<Refused>, Error> {
+    let Ok(refs) = refs else { return Ok(None) };
+    if agent.metadata.deletion_timestamp.is_some() {
+        return Ok(None);
+    }
+    let ns = agent.namespace().unwrap_or_default();
+    let cached = ctx.store.secrets.get(&ns, &secret_name(&agent.name_any()));
+    Ok(ctx
+        .kube
+        .write_secret(&desired_secret(agent, refs), cached.as_deref())
+        .await?
+        .refused())
+}
+
+/// The roll budget: a stale pod is recreated only with a slot, else the plan that waits
+/// for one (returned). An Agent done rolling, or no longer waiting to, frees its slot
+/// for the next in line.
+fn roll_budget(
+    ctx: &Context,
+    agent: &Agent,
+    plan: &Plan,
+    current: Option<&PodView>,
+) -> Option<Plan> {
+    let key = Key::of(Kind::Agent, agent);
     if plan.action == PodAction::Recreate {
         if ctx.rolls.admit(&key) == Admit::Wait
-            && let Some(pod) = &current
+            && let Some(pod) = current
         {
-            plan = wait_to_roll(&agent, pod, ctx.rolls.max());
-            requeue = Some(ROLL_RECHECK);
+            return Some(wait_to_roll(agent, pod, ctx.rolls.max()));
         }
     } else if roll_over(plan.phase) || !ctx.rolls.is_rolling(&key) {
-        // Done rolling, or no longer waiting to: a slot may free for the next in line.
         // (Mid-roll and not yet Active, it keeps its slot.)
         for next in ctx.rolls.release(&key) {
             ctx.queue.add(next);
         }
     }
-    match (&plan.action, &desired) {
+    None
+}
+
+/// Carries out the plan's pod action. A pod created replans from the pod as created; a
+/// pod the API server refuses makes the plan the spec's problem, retried after the wait
+/// returned.
+async fn act(
+    ctx: &Context,
+    agent: &Agent,
+    desired: &Result<Pod, Problem>,
+    plan: &mut Plan,
+    current: &mut Option<Arc<PodView>>,
+) -> Result<Option<Duration>, Error> {
+    match (&plan.action, desired) {
         (PodAction::Create, Ok(pod)) => {
             match ctx.kube.create_pod_read(pod).await? {
                 // The status from the pod as created, not "creating pod": the pod's first
                 // watch event then changes nothing, and no second status write follows.
                 Ok(Some(created)) => {
-                    current = Some(Arc::new(created));
-                    plan = self::plan(&agent, &desired, current.as_deref());
+                    *current = Some(Arc::new(created));
+                    *plan = self::plan(agent, desired, current.as_deref());
                 }
                 Ok(None) => {}
                 Err(why) => {
                     // The API server refused the pod itself (an invalid quantity, a
                     // quota): the spec's fault; retry slowly in case a quota frees up.
-                    plan = problem(&why.into());
-                    requeue = Some(Duration::from_secs(60));
+                    *plan = problem(&why.into());
+                    return Ok(Some(Duration::from_secs(60)));
                 }
             }
         }
         (PodAction::Delete | PodAction::Recreate, _) => {
-            if let Some(pod) = &current {
+            if let Some(pod) = current {
                 ctx.kube.delete_pod(pod).await?;
             }
         }
         _ => {}
     }
+    Ok(None)
+}
 
-    let pod = current
-        .as_deref()
-        .filter(|p| crate::store::is_owned_by(&p.metadata, agent.uid().as_deref()));
-    let memory_refs = refs
-        .as_ref()
-        .map(|r| {
-            r.memories
-                .iter()
-                .map(|m| MemoryRef {
-                    name: m.name_any(),
-                    secret_name: m.status.as_ref().and_then(|s| s.secret_name.clone()),
-                    phase: m
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.phase)
-                        .map(|p| format!("{p:?}")),
-                })
-                .collect()
-        })
-        .unwrap_or_else(|_| {
-            agent
-                .status
-                .as_ref()
-                .map(|s| s.memory_refs.clone())
-                .unwrap_or_default()
-        });
+/// The status the plan and the Agent's own pod (if `current` is it) give the Agent.
+fn status_of(
+    agent: &Agent,
+    refs: &Result<Refs, Problem>,
+    plan: Plan,
+    current: Option<&PodView>,
+) -> AgentStatus {
+    let pod = current.filter(|p| crate::store::is_owned_by(&p.metadata, agent.uid().as_deref()));
     let old = agent.status.clone().unwrap_or_default();
     // The store cut the summary when it read the pod (TRUST.md §3); the cut here finds
     // nothing more to cut, and keeps a pod read otherwise (a test's) bounded too.
@@ -395,24 +424,44 @@ pub async fn reconcile(ctx: &Context, agent: Arc<Agent>) -> Result<Outcome, Erro
         .or(old.context_summary.clone());
     let keeps_pod = !matches!(plan.phase, AgentPhase::Paused) && pod.is_some();
     let own = AgentStatus {
-        pod_name: keeps_pod.then(|| name.clone()),
+        pod_name: keeps_pod.then(|| agent.name_any()),
         started_at: pod.and_then(|p| p.status.as_ref()?.start_time.clone()),
-        memory_refs,
+        memory_refs: memory_refs(agent, refs),
         context_summary,
         ..Default::default()
     };
-    let status = common::status(
+    common::status(
         &agent.metadata,
         agent.status.as_ref(),
         plan.phase,
         plan.reason,
         plan.message,
         own,
-    );
-    ctx.kube
-        .write_status(&*agent, agent.status.as_ref(), &status)
-        .await?;
-    Ok(Outcome { requeue })
+    )
+}
+
+/// The Memories the Agent references, as resolved; the ones its status holds when they
+/// do not resolve.
+fn memory_refs(agent: &Agent, refs: &Result<Refs, Problem>) -> Vec<MemoryRef> {
+    let Ok(refs) = refs else {
+        return agent
+            .status
+            .as_ref()
+            .map(|s| s.memory_refs.clone())
+            .unwrap_or_default();
+    };
+    refs.memories
+        .iter()
+        .map(|m| MemoryRef {
+            name: m.name_any(),
+            secret_name: m.status.as_ref().and_then(|s| s.secret_name.clone()),
+            phase: m
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .map(|p| format!("{p:?}")),
+        })
+        .collect()
 }
 
 #[cfg(test)]

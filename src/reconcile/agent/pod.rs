@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use super::Refs;
-use crate::crd::{Agent, Kind, Runtime};
+use crate::crd::{Agent, Kind, Runtime, RuntimeSpec};
 use crate::reconcile::common;
 use crate::reconcile::podsecurity::{self, Level};
 use crate::reconcile::problem::Problem;
@@ -53,97 +53,26 @@ pub fn desired_pod(
     build(agent, runtime, agentlet, Level::Restricted)
 }
 
+/// The pod [`admitted_pod`] checks: the agentlet and the runtime over the config
+/// Secret's volume, the runtime's securityContext merged for `level`, the spec hash
+/// taken before that merge.
 fn build(
     agent: &Agent,
     runtime: Option<&Runtime>,
     agentlet: &AgentletDefaults,
     level: Level,
 ) -> Result<Pod, Problem> {
-    let default_agentlet = agentlet.image;
     let name = agent.name_any();
     let spec = &agent.spec;
     let tpl = runtime.map(|r| &r.spec);
-    let image = spec
-        .runtime
-        .image
-        .clone()
-        .or_else(|| tpl.and_then(|t| t.image.clone()))
-        .filter(|i| !i.trim().is_empty())
-        .ok_or(Problem::NoRuntimeImage)?;
-    let agentlet_image = spec
-        .agentlet
-        .image
-        .clone()
-        .or_else(|| default_agentlet.map(str::to_owned))
-        .filter(|i| !i.trim().is_empty())
-        .ok_or(Problem::NoAgentletImage)?;
-
-    // The override replaces the template's entry of the same name; order is kept.
-    let mut env: Vec<EnvVar> = tpl.and_then(|t| t.env.clone()).unwrap_or_default();
-    for e in spec.runtime.env.iter().flatten() {
-        match env.iter_mut().find(|x| x.name == e.name) {
-            Some(x) => *x = e.clone(),
-            None => env.push(e.clone()),
-        }
-    }
     let mount = VolumeMount {
         name: "autonomic-config".into(),
         mount_path: CONFIG_MOUNT.into(),
         read_only: Some(true),
         ..Default::default()
     };
-    let runtime_container = Container {
-        name: "runtime".into(),
-        image: Some(image),
-        command: spec
-            .runtime
-            .command
-            .clone()
-            .or_else(|| tpl.and_then(|t| t.command.clone())),
-        args: spec
-            .runtime
-            .args
-            .clone()
-            .or_else(|| tpl.and_then(|t| t.args.clone())),
-        env: (!env.is_empty()).then_some(env),
-        resources: spec
-            .runtime
-            .resources
-            .clone()
-            .or_else(|| tpl.and_then(|t| t.resources.clone())),
-        volume_mounts: Some(vec![mount.clone()]),
-        // Set below: merged over the restricted defaults under `restricted`.
-        security_context: None,
-        ..Default::default()
-    };
-    let field_env = |name: &str, path: &str| EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                field_path: path.into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let agentlet = Container {
-        name: "agentlet".into(),
-        image: Some(agentlet_image),
-        env: Some(vec![
-            EnvVar {
-                name: "AUTONOMIC_AGENT".into(),
-                value: Some(name.clone()),
-                ..Default::default()
-            },
-            field_env("POD_NAME", "metadata.name"),
-            field_env("POD_NAMESPACE", "metadata.namespace"),
-        ]),
-        volume_mounts: Some(vec![mount]),
-        resources: Some(agentlet.resources.clone()),
-        security_context: Some(common::restricted_security()),
-        ..Default::default()
-    };
+    let runtime_container = runtime_container(agent, tpl, mount.clone())?;
+    let agentlet = agentlet_container(agent, agentlet, mount)?;
     let mut pod_spec = PodSpec {
         containers: vec![agentlet, runtime_container],
         restart_policy: Some(spec.restart_policy.as_str().into()),
@@ -176,6 +105,100 @@ fn build(
         metadata: meta,
         spec: Some(pod_spec),
         status: None,
+    })
+}
+
+/// The `runtime` container: each field the Agent's own, else its Runtime template's
+/// (`tpl`); its securityContext is set by [`build`].
+fn runtime_container(
+    agent: &Agent,
+    tpl: Option<&RuntimeSpec>,
+    mount: VolumeMount,
+) -> Result<Container, Problem> {
+    let spec = &agent.spec;
+    let image = spec
+        .runtime
+        .image
+        .clone()
+        .or_else(|| tpl.and_then(|t| t.image.clone()))
+        .filter(|i| !i.trim().is_empty())
+        .ok_or(Problem::NoRuntimeImage)?;
+    // The override replaces the template's entry of the same name; order is kept.
+    let mut env: Vec<EnvVar> = tpl.and_then(|t| t.env.clone()).unwrap_or_default();
+    for e in spec.runtime.env.iter().flatten() {
+        match env.iter_mut().find(|x| x.name == e.name) {
+            Some(x) => *x = e.clone(),
+            None => env.push(e.clone()),
+        }
+    }
+    Ok(Container {
+        name: "runtime".into(),
+        image: Some(image),
+        command: spec
+            .runtime
+            .command
+            .clone()
+            .or_else(|| tpl.and_then(|t| t.command.clone())),
+        args: spec
+            .runtime
+            .args
+            .clone()
+            .or_else(|| tpl.and_then(|t| t.args.clone())),
+        env: (!env.is_empty()).then_some(env),
+        resources: spec
+            .runtime
+            .resources
+            .clone()
+            .or_else(|| tpl.and_then(|t| t.resources.clone())),
+        volume_mounts: Some(vec![mount]),
+        // Set by `build`: merged over the restricted defaults under `restricted`.
+        security_context: None,
+        ..Default::default()
+    })
+}
+
+/// The `agentlet` sidecar: the Agent's image, else the manager's default; told its
+/// Agent's name and its pod's.
+fn agentlet_container(
+    agent: &Agent,
+    defaults: &AgentletDefaults,
+    mount: VolumeMount,
+) -> Result<Container, Problem> {
+    let image = agent
+        .spec
+        .agentlet
+        .image
+        .clone()
+        .or_else(|| defaults.image.map(str::to_owned))
+        .filter(|i| !i.trim().is_empty())
+        .ok_or(Problem::NoAgentletImage)?;
+    let field_env = |name: &str, path: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Ok(Container {
+        name: "agentlet".into(),
+        image: Some(image),
+        env: Some(vec![
+            EnvVar {
+                name: "AUTONOMIC_AGENT".into(),
+                value: Some(agent.name_any()),
+                ..Default::default()
+            },
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+        ]),
+        volume_mounts: Some(vec![mount]),
+        resources: Some(defaults.resources.clone()),
+        security_context: Some(common::restricted_security()),
+        ..Default::default()
     })
 }
 

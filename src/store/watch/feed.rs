@@ -1,29 +1,20 @@
-//! The watches: one stream per watched type and namespace, each feeding its cache in the
-//! [`Store`] and telling a listener what it saw. Who listens (the work queue's routing,
-//! the connector's deltas) is the application's choice, not this module's.
+//! One watched source feeding one cache for good: list, then watch from the list's
+//! version, resume, relist on 410 Gone.
 
 use std::collections::HashSet;
 use std::fmt::Debug;
 use std::sync::Arc;
-
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::Service;
 use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use tracing::Instrument;
 
-use super::cache::{Slot, slot, slot_of};
-use super::list::PAGE;
-use super::{
-    Cache, MANAGED_SELECTOR, NamespaceView, OFFER_SELECTOR, OfferedSecret, OfferedServiceAccount,
-    PodView, SecretView, Store, controller_of,
-};
 use crate::backoff::{Backoff, system_random};
-use crate::crd::{Agent, Key, Kind, Memory, Runtime, Tool};
+use crate::store::cache::{Slot, slot, slot_of};
+use crate::store::list::PAGE;
+use crate::store::{Cache, OFFER_SELECTOR, Store};
 
 /// A watch request's server-side timeout; a stream that brings nothing (no event, no
 /// bookmark) for a little longer is taken for dead and the watch resumed.
@@ -34,191 +25,9 @@ const WATCH_IDLE: Duration = Duration::from_secs(WATCH_TIMEOUT_S as u64 + 10);
 const RETRY_FIRST: Duration = Duration::from_millis(800);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
-/// One object a watch saw, of any watched type.
-#[derive(Clone, Copy)]
-pub enum Object<'a> {
-    Agent(&'a Agent),
-    Tool(&'a Tool),
-    Runtime(&'a Runtime),
-    Memory(&'a Memory),
-    Pod(&'a PodView),
-    Service(&'a Service),
-    Secret(&'a SecretView),
-    /// An offer made or withdrawn (TRUST.md §2).
-    OfferedSecret(&'a OfferedSecret),
-    OfferedServiceAccount(&'a OfferedServiceAccount),
-    /// A namespace's labels set (TRUST.md §1, §2).
-    Namespace(&'a NamespaceView),
-}
-
-/// What a watch saw: an object now in the cache, or one that left it.
-#[derive(Clone, Copy)]
-pub struct Seen<'a> {
-    pub object: Object<'a>,
-    pub removed: bool,
-}
-
-/// A custom resource whose wire form changed (its own change, or one of its pods').
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Changed {
-    pub key: Key,
-    /// The custom resource itself is gone.
-    pub removed: bool,
-    /// The custom resource's uid; empty when the change came from a pod.
-    pub uid: String,
-}
-
-impl Seen<'_> {
-    /// The custom resource whose wire form this changes, if any: pods show in their
-    /// owner's; Services and Secrets do not show.
-    pub fn changed(&self) -> Option<Changed> {
-        fn own<K: ResourceExt>(kind: Kind, obj: &K, removed: bool) -> Changed {
-            Changed {
-                key: Key::of(kind, obj),
-                removed,
-                uid: obj.uid().unwrap_or_default(),
-            }
-        }
-        let removed = self.removed;
-        match self.object {
-            Object::Agent(a) => Some(own(Kind::Agent, a, removed)),
-            Object::Tool(t) => Some(own(Kind::Tool, t, removed)),
-            Object::Runtime(r) => Some(own(Kind::Runtime, r, removed)),
-            Object::Memory(m) => Some(own(Kind::Memory, m, removed)),
-            Object::Pod(p) => {
-                let (kind, owner) = controller_of(&p.metadata)?;
-                Some(Changed {
-                    key: Key::new(kind, p.namespace().unwrap_or_default(), owner),
-                    removed: false,
-                    uid: String::new(),
-                })
-            }
-            Object::Service(_)
-            | Object::Secret(_)
-            | Object::OfferedSecret(_)
-            | Object::OfferedServiceAccount(_)
-            | Object::Namespace(_) => None,
-        }
-    }
-}
-
-/// Hears every change of every watch, in each stream's order.
-pub type Listener = Arc<dyn Fn(Seen<'_>) + Send + Sync>;
-
-/// Starts one watch per type and watched namespace (`namespaces` empty: the cluster).
-pub fn spawn(
-    store: &Arc<Store>,
-    client: &Client,
-    namespaces: &[String],
-    listener: &Listener,
-    tasks: &mut tokio::task::JoinSet<()>,
-) {
-    let scopes: Vec<Option<String>> = if namespaces.is_empty() {
-        vec![None]
-    } else {
-        namespaces.iter().cloned().map(Some).collect()
-    };
-    for scope in scopes {
-        let w = Watch {
-            store,
-            client,
-            scope,
-            listener,
-        };
-        w.spawn(tasks, None, |s| &s.agents, |o| Object::Agent(o));
-        w.spawn(tasks, None, |s| &s.tools, |o| Object::Tool(o));
-        w.spawn(tasks, None, |s| &s.runtimes, |o| Object::Runtime(o));
-        w.spawn(tasks, None, |s| &s.memories, |o| Object::Memory(o));
-        let ours = Some(MANAGED_SELECTOR);
-        w.spawn(tasks, ours, |s| &s.pods, |o| Object::Pod(o));
-        w.spawn(tasks, ours, |s| &s.services, |o| Object::Service(o));
-        w.spawn(tasks, ours, |s| &s.secrets, |o| Object::Secret(o));
-        let offered = Some(OFFER_SELECTOR);
-        w.spawn(
-            tasks,
-            offered,
-            |s| &s.offered_secrets,
-            |o| Object::OfferedSecret(o),
-        );
-        w.spawn(
-            tasks,
-            offered,
-            |s| &s.offered_service_accounts,
-            |o| Object::OfferedServiceAccount(o),
-        );
-        // The namespaces themselves, for their labels: all of them, or each watched one
-        // by name (the chart grants no more).
-        let named = Source::cluster_scoped(client, w.scope.clone());
-        w.feed(tasks, named, |s| &s.namespaces, |o| Object::Namespace(o));
-    }
-}
-
-/// What every watch of one scope shares.
-struct Watch<'a> {
-    store: &'a Arc<Store>,
-    client: &'a Client,
-    scope: Option<String>,
-    listener: &'a Listener,
-}
-
-impl Watch<'_> {
-    /// A namespaced kind's watch in this scope, with `selector`.
-    fn spawn<K>(
-        &self,
-        tasks: &mut tokio::task::JoinSet<()>,
-        selector: Option<&str>,
-        cache: fn(&Store) -> &Cache<K>,
-        wrap: for<'o> fn(&'o K) -> Object<'o>,
-    ) where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + Clone
-            + DeserializeOwned
-            + Debug
-            + Send
-            + Sync
-            + 'static,
-    {
-        let source = Source::namespaced(self.client, self.scope.clone(), selector);
-        self.feed(tasks, source, cache, wrap);
-    }
-
-    /// Feeds `cache` from `source`, telling the listener, on a task of its own.
-    fn feed<K>(
-        &self,
-        tasks: &mut tokio::task::JoinSet<()>,
-        source: Source,
-        cache: fn(&Store) -> &Cache<K>,
-        wrap: for<'o> fn(&'o K) -> Object<'o>,
-    ) where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    {
-        let kind = K::kind(&());
-        // The wire form reads the custom resources and pods, never Secrets, Services,
-        // ServiceAccounts or namespaces: the first snapshot need not wait for their lists.
-        let wire = !matches!(
-            kind.as_ref(),
-            "Secret" | "Service" | "ServiceAccount" | "Namespace"
-        );
-        let span = tracing::info_span!(
-            "watch",
-            kind = %kind,
-            namespace = self.scope.as_deref().unwrap_or("*"),
-        );
-        let listener = self.listener.clone();
-        let on_change = move |obj: &K, removed| {
-            listener(Seen {
-                object: wrap(obj),
-                removed,
-            })
-        };
-        let fed = drive(source, wire, self.store.clone(), cache, on_change);
-        tasks.spawn(fed.instrument(span));
-    }
-}
-
 /// Where one watch reads: a type's objects in one namespace (or all), with a selector;
 /// or the one cluster-scoped object `name`.
-struct Source {
+pub(super) struct Source {
     client: Client,
     scope: Option<String>,
     name: Option<String>,
@@ -233,7 +42,11 @@ impl Source {
     /// offer watches (TRUST.md §2) may be refused (a binary upgraded under an older
     /// chart's RBAC): the manager then runs with nothing offered, the safe side, rather
     /// than reconcile nothing at all.
-    fn namespaced(client: &Client, scope: Option<String>, selector: Option<&str>) -> Source {
+    pub(super) fn namespaced(
+        client: &Client,
+        scope: Option<String>,
+        selector: Option<&str>,
+    ) -> Source {
         Source {
             client: client.clone(),
             scope,
@@ -246,7 +59,7 @@ impl Source {
     /// A cluster-scoped kind's object `name` (or all of them): the namespaces, whose
     /// labels only widen what the manager does (TRUST.md §1, §2), so that a refused
     /// watch leaves every namespace at the configured level and the offer rule.
-    fn cluster_scoped(client: &Client, name: Option<String>) -> Source {
+    pub(super) fn cluster_scoped(client: &Client, name: Option<String>) -> Source {
         Source {
             client: client.clone(),
             scope: None,
@@ -271,8 +84,8 @@ impl Source {
 }
 
 /// Whether a list failed because the manager may not list that kind.
-fn forbidden(err: &super::list::ListError) -> bool {
-    matches!(err, super::list::ListError::Api(kube::Error::Api(s)) if s.code == 403)
+fn forbidden(err: &crate::store::list::ListError) -> bool {
+    matches!(err, crate::store::list::ListError::Api(kube::Error::Api(s)) if s.code == 403)
 }
 
 /// How a watch ended: the server's timeout or silence (resume from the last version
@@ -316,7 +129,7 @@ fn expired_or_failed(s: &kube::core::Status) -> End {
 /// The stream is counted in the sync gate when `drive` is called, not when its future
 /// first runs: otherwise the gate could say "synced" while a spawned stream has not
 /// started (a Tool decided before the Agent watch listed would see no users).
-fn drive<K>(
+pub(super) fn drive<K>(
     source: Source,
     wire: bool,
     store: Arc<Store>,
@@ -346,123 +159,169 @@ where
             store.later.wait().await;
         }
         let path = K::url_path(&(), source.scope.as_deref());
-        let request = kube::core::Request::new(&path);
-        let mut retry = Backoff::new(RETRY_FIRST, RETRY_MAX).expect("valid backoff");
-        let mut first_sync = true;
+        let mut feed = Feed {
+            request: kube::core::Request::new(&path),
+            path,
+            source,
+            wire,
+            store,
+            cache,
+            on_change,
+            retry: Backoff::new(RETRY_FIRST, RETRY_MAX).expect("valid backoff"),
+            first_sync: true,
+        };
         // The version to resume watching from; none: list first.
         let mut version: Option<String> = None;
         loop {
-            let Some(from) = version.take() else {
-                let started = tokio::time::Instant::now();
-                // A custom resource's first list from the API server's watch cache, whole;
-                // built-in kinds, and every relist (the watch expired: 410), consistently
-                // from etcd, in pages (see `store::list`).
-                let params = ListParams {
-                    label_selector: source.selector.clone(),
-                    field_selector: source.fields(),
-                    ..if first_sync && K::group(&()) == crate::crd::GROUP {
-                        ListParams::default().match_any()
-                    } else {
-                        ListParams::default().limit(PAGE)
-                    }
-                };
-                let c = cache(&store);
-                let mut seen: HashSet<Slot> = HashSet::new();
-                let listed = super::list::list(&source.client, &path, params, |obj: K| {
-                    seen.insert(slot_of(&obj));
-                    on_change(&c.insert(obj), false);
-                })
-                .await;
-                match listed {
-                    Ok(v) => {
-                        for gone in c.prune(|k| source.holds(k), &seen) {
-                            on_change(&gone, true);
-                        }
-                        retry.reset();
-                        version = Some(v);
-                        if first_sync {
-                            first_sync = false;
-                            tracing::info!(
-                                objects = c.count(),
-                                ms = started.elapsed().as_millis() as u64,
-                                "listed"
-                            );
-                            store.synced.mark();
-                            if wire {
-                                store.wire_synced.mark();
-                            }
-                        }
-                    }
-                    Err(err) => {
-                        if first_sync && source.refusable && forbidden(&err) {
-                            first_sync = false;
-                            tracing::error!(error = %err, "may not list what the admin offered to agents or labelled on namespaces: running without it (every serviceAccountName and Secret reference refused, every namespace at the configured pod security level) until the RBAC allows it; grant list and watch, as the chart does");
-                            store.synced.mark();
-                        } else {
-                            tracing::warn!(error = %err, "list failed, retrying");
-                        }
-                        tokio::time::sleep(retry.next_delay_with(system_random)).await;
-                    }
-                }
-                continue;
+            version = match version.take() {
+                None => feed.list().await,
+                Some(from) => feed.watch(from).await,
             };
-            let params = WatchParams {
-                label_selector: source.selector.clone(),
-                field_selector: source.fields(),
-                ..WatchParams::default().timeout(WATCH_TIMEOUT_S)
-            };
-            let c = cache(&store);
-            let mut at = from;
-            let watched = match request.watch(&params, &at) {
-                Err(e) => Err(kube::Error::BuildRequest(e)),
-                Ok(mut req) => {
-                    req.extensions_mut().insert("watch");
-                    source.client.request_events::<K>(req).await
-                }
-            };
-            let end = match watched {
-                Err(err) => ended_by(&err),
-                Ok(stream) => {
-                    let mut stream = stream.boxed();
-                    loop {
-                        let event = match tokio::time::timeout(WATCH_IDLE, stream.next()).await {
-                            // Idle past the server's own timeout, or ended: resume.
-                            Err(_) | Ok(None) => break End::Resume,
-                            Ok(Some(Ok(event))) => event,
-                            // One event that does not decode: skipped, as a list skips
-                            // such an object (resuming before it would meet it again).
-                            Ok(Some(Err(kube::Error::SerdeError(err)))) => {
-                                tracing::warn!(error = %err, "a watch event does not decode: skipped");
-                                continue;
-                            }
-                            Ok(Some(Err(err))) => break ended_by(&err),
-                        };
-                        match event {
-                            WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
-                                at = obj.resource_version().unwrap_or(at);
-                                on_change(&c.insert(obj), false);
-                            }
-                            WatchEvent::Deleted(obj) => {
-                                at = obj.resource_version().unwrap_or(at);
-                                let gone =
-                                    c.remove(&slot_of(&obj)).unwrap_or_else(|| Arc::new(obj));
-                                on_change(&gone, true);
-                            }
-                            WatchEvent::Bookmark(b) => at = b.metadata.resource_version,
-                            WatchEvent::Error(e) => break expired_or_failed(&e),
-                        }
-                        retry.reset();
-                    }
-                }
-            };
-            match end {
-                End::Relist => {}
-                End::Resume => version = Some(at),
-                End::Failed => {
-                    version = Some(at);
-                    tokio::time::sleep(retry.next_delay_with(system_random)).await;
-                }
+        }
+    }
+}
+
+/// What [`drive`]'s loop keeps from one list or watch to the next.
+struct Feed<K: 'static, F> {
+    path: String,
+    request: kube::core::Request,
+    source: Source,
+    wire: bool,
+    store: Arc<Store>,
+    cache: fn(&Store) -> &Cache<K>,
+    on_change: F,
+    retry: Backoff,
+    first_sync: bool,
+}
+
+impl<K, F> Feed<K, F>
+where
+    K: Resource<DynamicType = ()> + ResourceExt + Clone + DeserializeOwned + Debug,
+    F: Fn(&K, bool),
+{
+    /// Lists into the cache and prunes what the list did not bring: the version to
+    /// watch from, or `None` after a failure and the backoff's wait.
+    async fn list(&mut self) -> Option<String> {
+        let started = tokio::time::Instant::now();
+        // A custom resource's first list from the API server's watch cache, whole;
+        // built-in kinds, and every relist (the watch expired: 410), consistently
+        // from etcd, in pages (see `store::list`).
+        let params = ListParams {
+            label_selector: self.source.selector.clone(),
+            field_selector: self.source.fields(),
+            ..if self.first_sync && K::group(&()) == crate::crd::GROUP {
+                ListParams::default().match_any()
+            } else {
+                ListParams::default().limit(PAGE)
             }
+        };
+        let c = (self.cache)(&self.store);
+        let on_change = &self.on_change;
+        let mut seen: HashSet<Slot> = HashSet::new();
+        let listed = crate::store::list::list(&self.source.client, &self.path, params, |obj: K| {
+            seen.insert(slot_of(&obj));
+            on_change(&c.insert(obj), false);
+        })
+        .await;
+        match listed {
+            Ok(v) => {
+                for gone in c.prune(|k| self.source.holds(k), &seen) {
+                    on_change(&gone, true);
+                }
+                self.retry.reset();
+                if self.first_sync {
+                    self.first_sync = false;
+                    tracing::info!(
+                        objects = c.count(),
+                        ms = started.elapsed().as_millis() as u64,
+                        "listed"
+                    );
+                    self.store.synced.mark();
+                    if self.wire {
+                        self.store.wire_synced.mark();
+                    }
+                }
+                Some(v)
+            }
+            Err(err) => {
+                if self.first_sync && self.source.refusable && forbidden(&err) {
+                    self.first_sync = false;
+                    tracing::error!(error = %err, "may not list what the admin offered to agents or labelled on namespaces: running without it (every serviceAccountName and Secret reference refused, every namespace at the configured pod security level) until the RBAC allows it; grant list and watch, as the chart does");
+                    self.store.synced.mark();
+                } else {
+                    tracing::warn!(error = %err, "list failed, retrying");
+                }
+                tokio::time::sleep(self.retry.next_delay_with(system_random)).await;
+                None
+            }
+        }
+    }
+
+    /// Watches from version `from` until the watch ends: the version to resume from
+    /// (after the backoff's wait when it failed), or `None` to list again.
+    async fn watch(&mut self, from: String) -> Option<String> {
+        let params = WatchParams {
+            label_selector: self.source.selector.clone(),
+            field_selector: self.source.fields(),
+            ..WatchParams::default().timeout(WATCH_TIMEOUT_S)
+        };
+        let mut at = from;
+        let watched = match self.request.watch(&params, &at) {
+            Err(e) => Err(kube::Error::BuildRequest(e)),
+            Ok(mut req) => {
+                req.extensions_mut().insert("watch");
+                self.source.client.request_events::<K>(req).await
+            }
+        };
+        let end = match watched {
+            Err(err) => ended_by(&err),
+            Ok(stream) => self.follow(stream.boxed(), &mut at).await,
+        };
+        match end {
+            End::Relist => None,
+            End::Resume => Some(at),
+            End::Failed => {
+                tokio::time::sleep(self.retry.next_delay_with(system_random)).await;
+                Some(at)
+            }
+        }
+    }
+
+    /// Applies a watch's events to the cache, `at` following their versions, until
+    /// the stream ends, idles or fails.
+    async fn follow(
+        &mut self,
+        mut stream: futures::stream::BoxStream<'_, kube::Result<WatchEvent<K>>>,
+        at: &mut String,
+    ) -> End {
+        let c = (self.cache)(&self.store);
+        loop {
+            let event = match tokio::time::timeout(WATCH_IDLE, stream.next()).await {
+                // Idle past the server's own timeout, or ended: resume.
+                Err(_) | Ok(None) => return End::Resume,
+                Ok(Some(Ok(event))) => event,
+                // One event that does not decode: skipped, as a list skips
+                // such an object (resuming before it would meet it again).
+                Ok(Some(Err(kube::Error::SerdeError(err)))) => {
+                    tracing::warn!(error = %err, "a watch event does not decode: skipped");
+                    continue;
+                }
+                Ok(Some(Err(err))) => return ended_by(&err),
+            };
+            match event {
+                WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
+                    *at = obj.resource_version().unwrap_or(std::mem::take(at));
+                    (self.on_change)(&c.insert(obj), false);
+                }
+                WatchEvent::Deleted(obj) => {
+                    *at = obj.resource_version().unwrap_or(std::mem::take(at));
+                    let gone = c.remove(&slot_of(&obj)).unwrap_or_else(|| Arc::new(obj));
+                    (self.on_change)(&gone, true);
+                }
+                WatchEvent::Bookmark(b) => *at = b.metadata.resource_version,
+                WatchEvent::Error(e) => return expired_or_failed(&e),
+            }
+            self.retry.reset();
         }
     }
 }
@@ -484,6 +343,7 @@ mod tests {
     use tokio_tungstenite::tungstenite::http::{Request, Response};
 
     use super::*;
+    use crate::store::{Agent, MANAGED_SELECTOR, NamespaceView, OfferedSecret};
 
     type Chunk = Result<Frame<Bytes>, Infallible>;
     type Chunks = mpsc::UnboundedSender<Chunk>;
@@ -713,7 +573,7 @@ mod tests {
         let stalled = api.answer();
         let (store, task) = pods_loop(&api);
         let (_, first) = api.next_request().await;
-        let stall = super::super::list::STALL;
+        let stall = crate::store::list::STALL;
         let (_, second) = tokio::time::timeout(2 * stall, api.next_request())
             .await
             .expect("no retry of a list whose answer never started");
