@@ -197,36 +197,8 @@ async fn drive<S: Transport>(
     on_welcome: impl FnOnce(bool),
 ) -> Result<(), End> {
     conn.send(&hello).await?;
-    let welcome_timeout = conn.ctx.config.welcome_timeout;
     let mut last_rx = Instant::now();
-    let deadline = last_rx + welcome_timeout;
-    // §4.1: no welcome in time, the socket open → go on with the default intervals: a
-    // platform that sends none must still see the cluster. A peer that sends nothing at
-    // all is found dead by the heartbeat check below (§4.5), counted from `last_rx`.
-    let welcome = match await_welcome(conn, deadline, shutdown, &mut last_rx).await? {
-        Some(w) => {
-            on_welcome(true);
-            tracing::info!(deployment_id = %w.deployment_id, heartbeat_s = w.heartbeat_interval().as_secs(), "welcome from the control plane");
-            w
-        }
-        None => {
-            on_welcome(false);
-            let w = frame::Welcome::defaults();
-            if first_time(&NO_WELCOME_WARNED) {
-                tracing::warn!(
-                    timeout_s = welcome_timeout.as_secs(),
-                    heartbeat_s = w.heartbeat_interval_s,
-                    snapshot_s = w.snapshot_interval_s,
-                    "no welcome from the control plane in time: going on with the default intervals (logged once)"
-                );
-            } else {
-                tracing::debug!(
-                    "no welcome from the control plane: going on with the default intervals"
-                );
-            }
-            w
-        }
-    };
+    let welcome = welcome(conn, shutdown, &mut last_rx, on_welcome).await?;
     let heartbeat = welcome.heartbeat_interval();
     conn.write_bound = write_bound(heartbeat);
     conn.snapshot().await?;
@@ -290,6 +262,46 @@ async fn drive<S: Transport>(
             },
         }
     }
+}
+
+/// Waits for `welcome` (or its timeout) and says which came (`on_welcome`): the
+/// intervals the session runs with.
+async fn welcome<S: Transport>(
+    conn: &mut Conn<'_, S>,
+    shutdown: &mut watch::Receiver<bool>,
+    last_rx: &mut Instant,
+    on_welcome: impl FnOnce(bool),
+) -> Result<frame::Welcome, End> {
+    let welcome_timeout = conn.ctx.config.welcome_timeout;
+    let deadline = *last_rx + welcome_timeout;
+    // §4.1: no welcome in time, the socket open → go on with the default intervals: a
+    // platform that sends none must still see the cluster. A peer that sends nothing at
+    // all is found dead by the heartbeat check below (§4.5), counted from `last_rx`.
+    let welcome = match await_welcome(conn, deadline, shutdown, last_rx).await? {
+        Some(w) => {
+            on_welcome(true);
+            tracing::info!(deployment_id = %w.deployment_id, heartbeat_s = w.heartbeat_interval().as_secs(), "welcome from the control plane");
+            w
+        }
+        None => {
+            on_welcome(false);
+            let w = frame::Welcome::defaults();
+            if first_time(&NO_WELCOME_WARNED) {
+                tracing::warn!(
+                    timeout_s = welcome_timeout.as_secs(),
+                    heartbeat_s = w.heartbeat_interval_s,
+                    snapshot_s = w.snapshot_interval_s,
+                    "no welcome from the control plane in time: going on with the default intervals (logged once)"
+                );
+            } else {
+                tracing::debug!(
+                    "no welcome from the control plane: going on with the default intervals"
+                );
+            }
+            w
+        }
+    };
+    Ok(welcome)
 }
 
 #[cfg(test)]
