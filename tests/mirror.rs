@@ -246,6 +246,8 @@ async fn air_gapped_install_pulls_the_image_from_a_mirror_registry() {
         "install_from_mirror_to_available_ms": install_time.as_millis() as u64,
     });
     eprintln!("mirror timings: {timings}");
+    // Read by scripts/bench (BENCHMARKS.md, item 16).
+    std::fs::write(log_dir().join("mirror-timings.json"), timings.to_string()).unwrap();
 
     release.helm(&["uninstall", "autonomic"]);
     // The pulled image goes too: the next run pulls again.
