@@ -12,13 +12,22 @@ use crate::cluster::service_account;
 use crate::config::Config;
 use crate::crd::{self, API_VERSION};
 
+/// Steps 2–5's names, in order: the first that fails skips the ones after it.
+const STEPS: [&str; 4] = ["identity", "api server", "rbac", "crds"];
+
+/// Prints the steps after `failed` as not run, because of `why`.
+fn skip_after(report: &mut Report<'_>, failed: &str, why: &str) {
+    let next = STEPS
+        .iter()
+        .position(|s| *s == failed)
+        .map_or(STEPS.len(), |i| i + 1);
+    for step in &STEPS[next..] {
+        report.line(Line::skip(step, why.to_owned()));
+    }
+}
+
 /// Steps 2–5: identity, API server, RBAC, CRDs.
 pub(super) async fn cluster_steps(config: &Config, report: &mut Report<'_>) {
-    let skip_rest = |report: &mut Report<'_>, steps: &[&'static str], why: &str| {
-        for step in steps {
-            report.line(Line::skip(step, why.to_owned()));
-        }
-    };
     // A kubeconfig may run an exec credential plugin: bounded too.
     let found = tokio::time::timeout(STEP_TIMEOUT, identity())
         .await
@@ -36,7 +45,7 @@ pub(super) async fn cluster_steps(config: &Config, report: &mut Report<'_>) {
                 why,
                 "set KUBECONFIG, or run it in the manager's pod: kubectl exec deploy/autonomic-manager -- /autonomic-manager check",
             ));
-            return skip_rest(report, &["api server", "rbac", "crds"], "no identity");
+            return skip_after(report, "identity", "no identity");
         }
     };
     report.line(Line::ok("identity", who));
@@ -53,7 +62,7 @@ pub(super) async fn cluster_steps(config: &Config, report: &mut Report<'_>) {
                 format!("{url}: cannot build a client: {e}"),
                 "check the kubeconfig's cluster entry (server, certificate-authority)",
             ));
-            return skip_rest(report, &["rbac", "crds"], "no API server");
+            return skip_after(report, "api server", "no API server");
         }
     };
     match tokio::time::timeout(STEP_TIMEOUT, client.apiserver_version()).await {
@@ -77,7 +86,7 @@ pub(super) async fn cluster_steps(config: &Config, report: &mut Report<'_>) {
                 ),
             };
             report.line(Line::fail("api server", text, fix));
-            return skip_rest(report, &["rbac", "crds"], "no API server");
+            return skip_after(report, "api server", "no API server");
         }
     }
     for line in rbac(config, &client).await {
