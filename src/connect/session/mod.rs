@@ -543,8 +543,10 @@ mod tests {
         writer.await.unwrap();
     }
 
+    /// The once-only gate of the missing welcome's warning (the warning itself is not
+    /// captured here: its flag is the process's).
     #[test]
-    fn the_missing_welcome_is_warned_about_once() {
+    fn first_time_is_true_once_per_flag() {
         let flag = AtomicBool::new(false);
         assert!(first_time(&flag));
         assert!(!first_time(&flag));
