@@ -104,16 +104,6 @@ fn names_in(snapshot: &Received) -> Vec<String> {
         .collect()
 }
 
-async fn runtime(ns: &TestNamespace, name: &str) {
-    let rt: Runtime = yaml(&format!(
-        "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {{name: {name}}}\nspec: {{image: 'img:1'}}"
-    ));
-    ns.api::<Runtime>()
-        .create(&PostParams::default(), &rt)
-        .await
-        .expect("create runtime");
-}
-
 /// Creates an idle Agent and waits until the control plane was told it is Active.
 async fn active(ns: &TestNamespace, cp: &FakeCp, name: &str) {
     let a: Agent = yaml(&format!(
@@ -175,7 +165,7 @@ async fn a_stalled_control_plane_is_found_dead_and_the_next_snapshot_has_what_ch
 
     proxy.set(Fault::Stall);
     let stalled = SystemTime::now();
-    runtime(&ns, "made-during-the-stall").await;
+    ns.create_runtime("made-during-the-stall").await;
     let line = wait_logged(&m, DEAD, 1, Duration::from_secs(20), "the stall").await;
     let took = logged_after(&line, stalled);
     eprintln!("stall found dead after {took:?} (heartbeat {heartbeat:?}): {line}");
@@ -246,8 +236,8 @@ async fn a_black_hole_after_n_bytes_mid_frame_is_found_dead_and_the_next_snapsho
  {
     let client = client().await;
     let ns = TestNamespace::new(&client, "ft-nbytes").await;
-    runtime(&ns, "kept").await;
-    runtime(&ns, "deleted-in-the-hole").await;
+    ns.create_runtime("kept").await;
+    ns.create_runtime("deleted-in-the-hole").await;
     let cp = FakeCp::start().await;
     let heartbeat = Duration::from_secs(2);
     cp.set_welcome(heartbeat.as_secs(), 300);
@@ -273,7 +263,7 @@ async fn a_black_hole_after_n_bytes_mid_frame_is_found_dead_and_the_next_snapsho
     // the manager's delta (hundreds of bytes) or next heartbeat (about 60).
     cp.send(json!({"type": "error", "code": "c", "message": "m".repeat(200)}))
         .await;
-    runtime(&ns, "made-in-the-hole").await;
+    ns.create_runtime("made-in-the-hole").await;
     ns.api::<Runtime>()
         .delete("deleted-in-the-hole", &Default::default())
         .await

@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use autonomic_manager::crd::{Agent, AgentPhase, Runtime};
+use autonomic_manager::crd::{Agent, AgentPhase};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::PostParams;
 use serde_json::{Value, json};
@@ -382,7 +382,7 @@ async fn one_mib_strings_in_every_field_are_cut_and_the_link_recovers() {
 async fn a_16_mib_http_answer_of_resyncs_is_one_snapshot() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "hs-http").await;
-    runtime(&ns, "r").await;
+    ns.create_runtime("r").await;
     let cp = FakeReport::start().await;
     let env = http_vars(&cp.url, TOKEN);
     let m = Manager::start(&ns.name, &pairs(&env));
@@ -436,16 +436,6 @@ async fn a_16_mib_http_answer_of_resyncs_is_one_snapshot() {
     peak.assert_within("16 MiB HTTP answer", 24);
 }
 
-async fn runtime(ns: &TestNamespace, name: &str) {
-    let rt: Runtime = yaml(&format!(
-        "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {{name: {name}}}\nspec: {{image: 'img:1'}}"
-    ));
-    ns.api::<Runtime>()
-        .create(&PostParams::default(), &rt)
-        .await
-        .expect("create runtime");
-}
-
 /// 120 Secrets of 1 MiB each, labelled as the manager's own
 /// (`app.kubernetes.io/managed-by=autonomic`, which any namespace user can set), in a
 /// watched namespace: first created while a manager runs (its watch gets them one by
@@ -483,7 +473,7 @@ async fn labelled_1_mib_secrets_in_a_user_namespace_are_bounded() {
             .expect("create secret");
     }
     // The watch has seen them all once a change made after them is reported.
-    runtime(&ns, "after-the-secrets").await;
+    ns.create_runtime("after-the-secrets").await;
     reported_runtime(&cp, "after-the-secrets").await;
     let check = |what: &str, pid: u32| {
         let (rss, hwm) = (status_kib(pid, "VmRSS"), status_kib(pid, "VmHWM"));
@@ -652,7 +642,7 @@ async fn labelled_pods_with_250_kib_of_annotations_are_cut_when_read() {
     // The watch has seen them all once a change made after them is reported; then a
     // little longer for their first status changes (scheduled, started), each a watch
     // event of the whole pod.
-    runtime(&ns, "after-the-pods").await;
+    ns.create_runtime("after-the-pods").await;
     reported_runtime(&cp, "after-the-pods").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let grown = peak.assert_within("30 pods with 250 KiB of annotations, watched", BOUND_MIB);

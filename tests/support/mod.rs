@@ -125,6 +125,17 @@ impl TestNamespace {
         }
     }
 
+    /// Creates a Runtime `name` (image `img:1`) here.
+    pub async fn create_runtime(&self, name: &str) {
+        let rt: autonomic_manager::crd::Runtime = yaml(&format!(
+            "apiVersion: autonomic.sh/v1alpha1\nkind: Runtime\nmetadata: {{name: {name}}}\nspec: {{image: 'img:1'}}"
+        ));
+        self.api::<autonomic_manager::crd::Runtime>()
+            .create(&PostParams::default(), &rt)
+            .await
+            .expect("create runtime");
+    }
+
     pub fn api<K>(&self) -> Api<K>
     where
         K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
