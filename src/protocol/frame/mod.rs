@@ -35,43 +35,47 @@ pub const MAX_FRAME_BYTES: usize = 1 << 20;
 /// values whole, and an error frame must not echo a megabyte back to its sender.
 const MAX_ERROR_MESSAGE: usize = 200;
 
-/// The `type` of every frame this codec knows, in the order of the §3 table.
-pub const KNOWN_TYPES: [&str; 14] = [
-    "hello",
-    "welcome",
-    "snapshot",
-    "delta",
-    "heartbeat",
-    "resync",
-    "control",
-    "control_result",
-    "io_open",
-    "io_opened",
-    "io_resize",
-    "io_close",
-    "audit",
-    "error",
-];
+/// [`Frame`], [`KNOWN_TYPES`] and [`Frame::type_name`] from one list: each frame's
+/// wire `type` is written once.
+macro_rules! frames {
+    ($($(#[$doc:meta])* $variant:ident $(($body:ty))? = $name:literal,)*) => {
+        /// One control message: a WebSocket text message holding one JSON object.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "type")]
+        pub enum Frame {
+            $($(#[$doc])* #[serde(rename = $name)] $variant $(($body))?,)*
+        }
 
-/// One control message: a WebSocket text message holding one JSON object.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Frame {
-    Hello(Hello),
-    Welcome(Welcome),
-    Snapshot(Snapshot),
-    Delta(Delta),
-    Heartbeat(Heartbeat),
+        /// The `type` of every frame this codec knows, in the order of the §3 table.
+        pub const KNOWN_TYPES: &[&str] = &[$($name),*];
+
+        impl Frame {
+            /// The wire `type` of this frame, for logs.
+            pub fn type_name(&self) -> &'static str {
+                match self {
+                    $(Frame::$variant { .. } => $name,)*
+                }
+            }
+        }
+    };
+}
+
+frames! {
+    Hello(Hello) = "hello",
+    Welcome(Welcome) = "welcome",
+    Snapshot(Snapshot) = "snapshot",
+    Delta(Delta) = "delta",
+    Heartbeat(Heartbeat) = "heartbeat",
     /// The control plane asks for a fresh `snapshot`.
-    Resync,
-    Control(Control),
-    ControlResult(ControlResult),
-    IoOpen(IoOpen),
-    IoOpened(IoOpened),
-    IoResize(IoResize),
-    IoClose(IoClose),
-    Audit(Audit),
-    Error(ErrorFrame),
+    Resync = "resync",
+    Control(Control) = "control",
+    ControlResult(ControlResult) = "control_result",
+    IoOpen(IoOpen) = "io_open",
+    IoOpened(IoOpened) = "io_opened",
+    IoResize(IoResize) = "io_resize",
+    IoClose(IoClose) = "io_close",
+    Audit(Audit) = "audit",
+    Error(ErrorFrame) = "error",
 }
 
 /// manager → cp: the first frame after the upgrade.
@@ -256,26 +260,6 @@ pub struct ErrorFrame {
 }
 
 impl Frame {
-    /// The wire `type` of this frame, for logs.
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            Frame::Hello(_) => "hello",
-            Frame::Welcome(_) => "welcome",
-            Frame::Snapshot(_) => "snapshot",
-            Frame::Delta(_) => "delta",
-            Frame::Heartbeat(_) => "heartbeat",
-            Frame::Resync => "resync",
-            Frame::Control(_) => "control",
-            Frame::ControlResult(_) => "control_result",
-            Frame::IoOpen(_) => "io_open",
-            Frame::IoOpened(_) => "io_opened",
-            Frame::IoResize(_) => "io_resize",
-            Frame::IoClose(_) => "io_close",
-            Frame::Audit(_) => "audit",
-            Frame::Error(_) => "error",
-        }
-    }
-
     /// The answer to a frame that failed to decode (§3: answer, keep the connection).
     pub fn bad_frame(err: &DecodeError) -> Frame {
         Frame::Error(ErrorFrame {
