@@ -210,9 +210,19 @@ impl Config {
     /// The settings are checked group by group, in this order.
     pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let v = Vars(get);
-        let (managed, allow_insecure, base_url, transport) = v.control_plane()?;
+        let vars::ControlPlane {
+            managed,
+            allow_insecure,
+            base_url,
+            transport,
+        } = v.control_plane()?;
         let (token, token_file) = v.token(managed)?;
-        let (log_format, probe_addr, namespaces, leader_election) = v.process()?;
+        let vars::Process {
+            log_format,
+            probe_addr,
+            namespaces,
+            leader_election,
+        } = v.process()?;
         let (pod_namespace, pod_name) = v.own_pod(leader_election)?;
         let cluster_id = v.var("AUTONOMIC_CLUSTER_ID").map(|v| v.trim().to_owned());
         let agentlet_resources = v.agentlet_resources()?;
@@ -222,8 +232,13 @@ impl Config {
         check_namespaces(&namespaces)?;
         let pod_security = v.pod_security()?;
         let (backoff_initial, backoff_max) = v.backoff()?;
-        let (eviction_delay, welcome_timeout, max_sessions, roll_max, max_spec_bytes) =
-            v.limits()?;
+        let vars::Limits {
+            eviction_delay,
+            welcome_timeout,
+            max_sessions,
+            roll_max,
+            max_spec_bytes,
+        } = v.limits()?;
         Ok(Config {
             managed,
             base_url,

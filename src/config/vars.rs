@@ -14,6 +14,31 @@ use super::{
 use crate::crd::{DEFAULT_MAX_SPEC_BYTES, PodSecurityLevel};
 use crate::egress::{NoProxy, Proxy};
 
+/// Managed or not, and where and how the control plane is reached.
+pub(super) struct ControlPlane {
+    pub managed: bool,
+    pub allow_insecure: bool,
+    pub base_url: BaseUrl,
+    pub transport: Transport,
+}
+
+/// Logs, probes, the namespaces watched (checked later) and leader election.
+pub(super) struct Process {
+    pub log_format: LogFormat,
+    pub probe_addr: SocketAddr,
+    pub namespaces: Vec<String>,
+    pub leader_election: bool,
+}
+
+/// The bounds: eviction delay, welcome timeout, sessions, roll size and spec size.
+pub(super) struct Limits {
+    pub eviction_delay: Duration,
+    pub welcome_timeout: Duration,
+    pub max_sessions: usize,
+    pub roll_max: usize,
+    pub max_spec_bytes: u64,
+}
+
 /// A `ConfigError::Invalid` for `var`, from a reason.
 pub(super) fn invalid(var: &'static str) -> impl Fn(String) -> ConfigError {
     move |reason| ConfigError::Invalid { var, reason }
@@ -63,8 +88,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         }
     }
 
-    /// Managed or not, and where and how the control plane is reached.
-    pub(super) fn control_plane(&self) -> Result<(bool, bool, BaseUrl, Transport), ConfigError> {
+    pub(super) fn control_plane(&self) -> Result<ControlPlane, ConfigError> {
         let managed = self.flag("AUTONOMIC_MANAGED", false)?;
         let allow_insecure = self.flag("AUTONOMIC_ALLOW_INSECURE", false)?;
         let base_url_raw = self
@@ -91,7 +115,12 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
                 });
             }
         };
-        Ok((managed, allow_insecure, base_url, transport))
+        Ok(ControlPlane {
+            managed,
+            allow_insecure,
+            base_url,
+            transport,
+        })
     }
 
     /// The token, or the file it is read from; managed mode needs one of them.
@@ -107,10 +136,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         Ok((token, token_file))
     }
 
-    /// Logs, probes, the namespaces watched (checked later) and leader election.
-    pub(super) fn process(
-        &self,
-    ) -> Result<(LogFormat, SocketAddr, Vec<String>, bool), ConfigError> {
+    pub(super) fn process(&self) -> Result<Process, ConfigError> {
         let log_format = match self.var("AUTONOMIC_LOG_FORMAT").as_deref().map(str::trim) {
             None | Some("text") => LogFormat::Text,
             Some("json") => LogFormat::Json,
@@ -138,7 +164,12 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             })
             .unwrap_or_default();
         let leader_election = self.flag("AUTONOMIC_LEADER_ELECTION", false)?;
-        Ok((log_format, probe_addr, namespaces, leader_election))
+        Ok(Process {
+            log_format,
+            probe_addr,
+            namespaces,
+            leader_election,
+        })
     }
 
     /// Where the manager itself runs: its namespace and pod name.
@@ -212,8 +243,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         Ok((initial, max))
     }
 
-    /// Eviction delay, welcome timeout, sessions, roll size and spec size.
-    pub(super) fn limits(&self) -> Result<(Duration, Duration, usize, usize, u64), ConfigError> {
+    pub(super) fn limits(&self) -> Result<Limits, ConfigError> {
         let eviction_delay = Duration::from_secs(self.number("AUTONOMIC_EVICTION_DELAY_S", 300)?);
         let welcome_timeout = Duration::from_secs(self.number("AUTONOMIC_WELCOME_TIMEOUT_S", 10)?);
         let max_sessions = self.number("AUTONOMIC_MAX_SESSIONS", 16)? as usize;
@@ -237,13 +267,13 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             }
             n => n,
         };
-        Ok((
+        Ok(Limits {
             eviction_delay,
             welcome_timeout,
             max_sessions,
             roll_max,
             max_spec_bytes,
-        ))
+        })
     }
 
     pub(super) fn send_env_values(&self) -> Result<bool, ConfigError> {
