@@ -406,6 +406,35 @@ mod tests {
         (url, rx)
     }
 
+    /// The dial's bound, on the paused clock: a peer that takes the connection and never
+    /// answers the upgrade is given up on after exactly [`DIAL_TIMEOUT`], with the step
+    /// named (the real process facing a black-holed dial is `tests/faults.rs`'s).
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_upgrade_is_given_up_after_the_dial_bound() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (held, _) = listener.accept().await.unwrap();
+            std::future::pending::<()>().await;
+            drop(held);
+        });
+        let config = Config::parse(|k| match k {
+            "AUTONOMIC_BASE_URL" => Some(format!("http://127.0.0.1:{port}")),
+            _ => None,
+        })
+        .unwrap();
+        let start = tokio::time::Instant::now();
+        let Err(DialError::Timeout(text)) = dial(&config, &Token::new("t")).await else {
+            panic!("the dial did not time out");
+        };
+        assert_eq!(start.elapsed(), DIAL_TIMEOUT);
+        assert!(
+            text.contains("no answer to the upgrade request within 30 s"),
+            "{text}"
+        );
+        assert_eq!(DIAL_TIMEOUT.as_secs(), 30, "the text names the bound");
+    }
+
     fn proxied(proxy: &str) -> Config {
         Config::parse(|k| match k {
             "HTTPS_PROXY" => Some(proxy.into()),
