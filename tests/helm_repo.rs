@@ -1,19 +1,14 @@
-//! The platform's install path, literally: `scripts/chart-repo` writes a chart repository,
-//! served here on loopback by a tiny static HTTP server; `helm repo add exo …` (with a
-//! private Helm configuration and cache), `helm install autonomic exo/autonomic`, then the
-//! platform's documented commands word for word, but for the token and the base URL:
-//!
-//! ```sh
-//! kubectl -n autonomic-system create secret generic autonomic-auth --from-literal=token=<your-deployment-token>
-//! helm upgrade autonomic exo/autonomic --reuse-values \
-//!   --set manager.managed=true --set manager.baseURL=https://exo.example.com \
-//!   --set manager.authTokenSecret.name=autonomic-auth --set manager.authTokenSecret.key=token
-//! kubectl -n autonomic-system logs deploy/autonomic-manager --tail=50
-//! ```
-//!
-//! against the fake control plane over TLS with a private CA given through the chart's
-//! `caBundle`; the log command shows `connected` (the time it took is written to
-//! `target/test-logs/helm-repo-timings.json`; the 10 s goal is a benchmark's). The release
+//! The platform's install path, literally: the docs' own commands (read from README.md,
+//! `docs/` and the chart's README by `support::docs`, placeholders filled), in the order
+//! a user runs them. `scripts/chart-repo … --url` writes a chart repository, served here
+//! on loopback by a tiny static HTTP server; `helm repo add exo …` (with a private Helm
+//! configuration and cache), `helm install autonomic exo/autonomic`, the namespace's Pod
+//! Security label, then the platform's commands (the token Secret, `helm upgrade …
+//! --reuse-values --set manager.managed=true …`, `kubectl … logs
+//! deploy/autonomic-manager --tail=50`) against the fake control plane over TLS with a
+//! private CA given through the chart's `caBundle`; the log command shows `connected`
+//! (the time it took is written to `target/test-logs/helm-repo-timings.json`; the 10 s
+//! goal is a benchmark's); `helm test`, and `check` run in the manager's pod. The release
 //! lives in `autonomic-system`, as the commands say (no other test of the suite uses that
 //! namespace); a leftover from an interrupted run is removed first.
 
@@ -29,6 +24,7 @@ use tokio::time::Instant;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams};
+use support::docs::doc_command;
 use support::fake_cp::FakeCp;
 use support::*;
 
@@ -109,8 +105,22 @@ async fn the_platforms_commands_from_a_chart_repository_connect() {
         .as_nanos();
     let work = log_dir().join(format!("helm-repo-{}-{nanos:x}", std::process::id()));
     let repo = work.join("repo");
-    run_ok(Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/chart-repo")).arg(&repo));
-    let port = serve(repo);
+    std::fs::create_dir_all(&repo).unwrap();
+    let port = serve(repo.clone());
+    let repo_url = format!("http://127.0.0.1:{port}");
+    let public = format!("{}/", repo.display());
+    // Every command below is the docs' own (support::docs), placeholders filled.
+    let urls = [
+        ("https://charts.example.com", repo_url.as_str()),
+        ("<chart repository URL>", repo_url.as_str()),
+        ("public/", public.as_str()),
+    ];
+    run_ok(&mut doc_command("scripts/chart-repo public/ --url", &urls).command());
+    let index = std::fs::read_to_string(work.join("repo/index.yaml")).unwrap();
+    assert!(
+        index.contains(&format!("{repo_url}/autonomic-")),
+        "--url is not in the index's chart URLs:\n{index}"
+    );
     let home = |dir: &str| work.join(dir).display().to_string();
     let release = HelmRelease::new(NS, "autonomic")
         .with_env("HELM_REPOSITORY_CONFIG", &home("config/repositories.yaml"))
@@ -124,24 +134,19 @@ async fn the_platforms_commands_from_a_chart_repository_connect() {
     assert!(!ok && out.contains("cannot be reached"), "{out}");
 
     let added = Instant::now();
-    release.helm(&["repo", "add", "exo", &format!("http://127.0.0.1:{port}")]);
+    release.helm(&doc_command("helm repo add exo", &urls).args());
     let listed = release.helm(&["search", "repo", "exo/autonomic"]);
     assert!(listed.contains("exo/autonomic"), "{listed}");
 
     // 1. Install from the repository (unmanaged), with the operator's choices made before
     //    going managed: the namespace it watches, the agentlet image of the bed, and
     //    trust in the control plane's private CA.
-    let mut install: Vec<String> = [
-        "install",
-        "autonomic",
-        "exo/autonomic",
-        "--namespace",
-        NS,
-        "--create-namespace",
-        "--set",
-    ]
-    .map(String::from)
-    .to_vec();
+    let mut install: Vec<String> = doc_command("helm install autonomic exo/autonomic", &[])
+        .args()
+        .into_iter()
+        .map(String::from)
+        .collect();
+    install.push("--set".into());
     install.push(format!("manager.watchNamespaces={{{}}}", agents.name));
     install.extend(
         [
@@ -165,53 +170,39 @@ async fn the_platforms_commands_from_a_chart_repository_connect() {
             .is_some_and(|s| s.available_replicas.unwrap_or(0) >= 2)
     })
     .await;
+    // The docs' Pod Security step: the manager's own pods already meet `restricted`, so
+    // the API server, which checks the running pods against the new level, warns of none.
+    let (ok, out) = kubectl(
+        &doc_command("kubectl label namespace autonomic-system", &[]).args(),
+        None,
+    );
+    assert!(ok && !out.contains("Warning"), "{out}");
 
     // 2. The platform's commands, word for word but for the token and the base URL.
     let cp = FakeCp::start_tls_on(bridge_ip(), &cert, &key).await;
     cp.set_token(Some(TOKEN));
-    let token = format!("--from-literal=token={TOKEN}");
-    let (ok, out) = kubectl(
-        &[
-            "-n",
-            "autonomic-system",
-            "create",
-            "secret",
-            "generic",
-            "autonomic-auth",
-            &token,
-        ],
-        None,
+    let cp_url = cp.url();
+    let platform = [
+        ("<token>", TOKEN),
+        ("<your-deployment-token>", TOKEN),
+        ("https://exo.example.com", cp_url.as_str()),
+    ];
+    let secret = doc_command(
+        "kubectl -n autonomic-system create secret generic autonomic-auth",
+        &platform,
     );
+    let (ok, out) = kubectl(&secret.args(), None);
     assert!(ok, "{out}");
-    let base_url = format!("manager.baseURL={}", cp.url());
     let upgraded = Instant::now();
-    release.helm(&[
-        "upgrade",
-        "autonomic",
-        "exo/autonomic",
-        "--reuse-values",
-        "--set",
-        "manager.managed=true",
-        "--set",
-        &base_url,
-        "--set",
-        "manager.authTokenSecret.name=autonomic-auth",
-        "--set",
-        "manager.authTokenSecret.key=token",
-    ]);
+    release.helm(&doc_command("helm upgrade autonomic exo/autonomic", &platform).args());
     let upgrade_returned = upgraded.elapsed();
     let wss = cp.url().replacen("https://", "wss://", 1);
+    let logs = doc_command(
+        "kubectl -n autonomic-system logs deploy/autonomic-manager",
+        &[],
+    );
     let connected = loop {
-        let (ok, out) = kubectl(
-            &[
-                "-n",
-                "autonomic-system",
-                "logs",
-                "deploy/autonomic-manager",
-                "--tail=50",
-            ],
-            None,
-        );
+        let (ok, out) = kubectl(&logs.args(), None);
         // The leader's "connected to the control plane" (its URL a field), or the
         // standby's "the leader says: connected to wss://…"; never "not connected to …".
         let line = out.lines().find(|l| {
@@ -247,9 +238,17 @@ async fn the_platforms_commands_from_a_chart_repository_connect() {
     cp.wait_frame("the first snapshot", |r| r.frame_type() == Some("snapshot"))
         .await;
 
-    // 3. Verify the pod, as the platform's dashboard says: `helm test`.
-    let (ok, out) = release.try_helm(&["test", "autonomic", "--logs"]);
+    // 3. Verify the pod, as the platform's dashboard says: `helm test`; and the docs'
+    //    troubleshooting step, `check` inside the running manager.
+    let (ok, out) = release.try_helm(&doc_command("helm test autonomic", &[]).args());
     assert!(ok, "helm test failed:\n{out}");
+    let check = doc_command(
+        "kubectl -n autonomic-system exec deploy/autonomic-manager",
+        &[],
+    );
+    let (ok, out) = kubectl(&check.args(), None);
+    assert!(ok, "check in the running manager failed:\n{out}");
+    eprintln!("check in the running manager:\n{out}");
 
     // 4. helm uninstall leaves no object of the chart's: none in the namespace but what
     //    the docs say stays (the token Secret, the manager's Lease and audit outbox), and

@@ -21,9 +21,26 @@ use tokio::time::Instant;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
+use support::docs::doc_command;
 use support::*;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The image the manager's (one) pod in `ns` runs.
+async fn running_image(ns: &TestNamespace) -> String {
+    let pods: Api<Pod> = ns.api();
+    let pod = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=autonomic-manager"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|p| p.metadata.deletion_timestamp.is_none())
+        .expect("a manager pod");
+    pod.status.unwrap().container_statuses.unwrap()[0]
+        .image
+        .clone()
+}
 
 /// A GET on 127.0.0.1:port; the status and the body.
 fn get(port: u16, path: &str, accept: &str) -> Option<(u16, String)> {
@@ -141,15 +158,28 @@ async fn air_gapped_install_pulls_the_image_from_a_mirror_registry() {
     let mirror = Mirror::start(&work).await;
     let registry = mirror.addr();
 
-    // 1. Mirror the image, both platforms, as the docs say.
+    // 1. Mirror the image, both platforms, as the docs say (their commands, read by
+    //    support::docs: the mirror's address, the test's namespace and folders filled
+    //    in; plain HTTP added, as docs/install.md says the test does).
+    let repo = work.join("repo");
+    let public = format!("{}/", repo.display());
+    let tgz = repo.join(format!("autonomic-{VERSION}.tgz"));
+    let rendered = work.join("autonomic.yaml");
+    let values = [
+        ("registry.internal:5000", registry.as_str()),
+        ("registry.example.com", registry.as_str()),
+        ("target/image/oci", layout),
+        ("public/", public.as_str()),
+        ("./autonomic-0.1.0.tgz", tgz.to_str().unwrap()),
+        ("autonomic.yaml", rendered.to_str().unwrap()),
+        ("autonomic-system", home.name.as_str()),
+    ];
     let copied = Instant::now();
-    run_ok(Command::new("skopeo").args([
-        "copy",
-        "--all",
-        "--dest-tls-verify=false",
-        &format!("oci:{layout}:{VERSION}"),
-        &format!("docker://{registry}/autonomic-sh/autonomic-manager:{VERSION}"),
-    ]));
+    run_ok(
+        doc_command("skopeo copy --all", &values)
+            .command()
+            .arg("--dest-tls-verify=false"),
+    );
     let copy_time = copied.elapsed();
     let (status, tags) = get(
         mirror.port,
@@ -174,12 +204,9 @@ async fn air_gapped_install_pulls_the_image_from_a_mirror_registry() {
 
     // 2. The chart into the same registry, as an OCI artifact.
     run_ok(
-        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/chart-repo")).args([
-            work.join("repo").to_str().unwrap(),
-            "--oci",
-            &format!("oci://{registry}/charts"),
-            "--plain-http",
-        ]),
+        doc_command("scripts/chart-repo public/ --oci", &values)
+            .command()
+            .arg("--plain-http"),
     );
 
     // 3. A mirror that cannot be reached: Helm's own error, and no release.
@@ -197,36 +224,19 @@ async fn air_gapped_install_pulls_the_image_from_a_mirror_registry() {
     assert!(!ok && out.contains("not found"), "{out}");
 
     // 4. Install from the mirror, every image from it.
+    let watch = format!("manager.watchNamespaces={{{}}}", home.name);
+    let bed = ["--set", "manager.replicas=1", "--set", watch.as_str()];
     let installed = Instant::now();
-    release.helm(&[
-        "install",
-        "autonomic",
-        &format!("oci://{registry}/charts/autonomic"),
-        "--version",
-        VERSION,
-        "--plain-http",
-        "--set",
-        &format!("global.imageRegistry={registry}"),
-        "--set",
-        "manager.replicas=1",
-        "--set",
-        &format!("manager.watchNamespaces={{{}}}", home.name),
-    ]);
+    let oci = doc_command(
+        "helm install autonomic oci://registry.internal:5000",
+        &values,
+    );
+    release.helm(&[oci.args().as_slice(), &["--plain-http"], &bed].concat());
     let deployments: Api<Deployment> = home.api();
     wait_available(&deployments, 1).await;
     let install_time = installed.elapsed();
-    let pods: Api<Pod> = home.api();
-    let pod = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/name=autonomic-manager"))
-        .await
-        .unwrap()
-        .items
-        .remove(0);
-    let status = &pod.status.unwrap().container_statuses.unwrap()[0];
-    assert_eq!(
-        status.image,
-        format!("{registry}/autonomic-sh/autonomic-manager:{VERSION}")
-    );
+    let image = format!("{registry}/autonomic-sh/autonomic-manager:{VERSION}");
+    assert_eq!(running_image(&home).await, image);
     // containerd pulled it through the mirror: it resolved the tag there (the blobs are
     // fetched too when its content store lacks them; an earlier run may have left them).
     let served = std::fs::read_to_string(&mirror.log).unwrap();
@@ -248,6 +258,29 @@ async fn air_gapped_install_pulls_the_image_from_a_mirror_registry() {
     eprintln!("mirror timings: {timings}");
     // Read by scripts/bench (BENCHMARKS.md, item 16).
     std::fs::write(log_dir().join("mirror-timings.json"), timings.to_string()).unwrap();
+
+    // 5. The other air-gapped ways the docs give: the chart's .tgz (scripts/chart-repo
+    //    left it beside the push), and `helm template` rendered offline.
+    release.helm(&["uninstall", "autonomic"]);
+    wait_gone(&deployments, "autonomic-manager").await;
+    let from_tgz = doc_command("helm install autonomic ./autonomic-0.1.0.tgz", &values);
+    release.helm(&[from_tgz.args().as_slice(), &bed].concat());
+    wait_available(&deployments, 1).await;
+    assert_eq!(running_image(&home).await, image);
+    let template = doc_command("helm template autonomic charts/autonomic", &values);
+    let manifest = run_ok(template.command().current_dir(env!("CARGO_MANIFEST_DIR")));
+    std::fs::write(template.stdout_to.as_deref().unwrap(), &manifest).unwrap();
+    let images: Vec<&str> = manifest
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("image: "))
+        .collect();
+    assert!(
+        !images.is_empty()
+            && images
+                .iter()
+                .all(|i| i.trim_matches('"').starts_with(&format!("{registry}/"))),
+        "an image of the offline render is not from the mirror: {images:?}"
+    );
 
     release.helm(&["uninstall", "autonomic"]);
     // The pulled image goes too: the next run pulls again.

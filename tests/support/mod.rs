@@ -7,6 +7,7 @@
 #![allow(clippy::disallowed_methods)]
 pub mod cluster_state;
 pub mod connect_proxy;
+pub mod docs;
 pub mod fake_cp;
 pub mod fake_http;
 pub mod faults;
