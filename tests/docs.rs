@@ -35,11 +35,6 @@ const NOT_RUN_LITERALLY: &[(&str, &str)] = &[
         "scripts/test runs it before the suite (tests/image.rs and tests/mirror.rs use its output)",
     ),
     (
-        "helm install autonomic charts/autonomic",
-        "installs from the folder; tests/helm*.rs install that folder into namespaces of their own, \
-         since autonomic-system belongs to tests/helm_repo.rs",
-    ),
-    (
         "kubectl apply --server-side -f deploy.yaml",
         "tests/deploy.rs applies deploy.yaml server-side into a namespace of its own",
     ),

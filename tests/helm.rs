@@ -15,6 +15,7 @@ use autonomic_manager::crd::Agent;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use support::docs::doc_command;
 use support::fake_cp::{FakeCp, Received};
 use support::*;
 
@@ -47,10 +48,16 @@ async fn helm_install_then_the_platforms_command_manages_it_end_to_end() {
 
     // 1. Install: two replicas, unmanaged, watching the test's namespace, trusting the
     //    fake control plane's CA (an operator's choice made before going managed).
-    let mut install = vec![
-        "install".to_owned(),
-        "autonomic".into(),
-        CHART.into(),
+    //    The docs' command for an install from the chart's folder, then the bed's sets.
+    let documented = doc_command(
+        "helm install autonomic charts/autonomic",
+        &[
+            ("charts/autonomic", CHART),
+            ("autonomic-system", &home.name),
+        ],
+    );
+    let mut install: Vec<String> = documented.args().into_iter().map(String::from).collect();
+    install.extend([
         "--set".into(),
         format!("manager.watchNamespaces={{{}}}", ns.name),
         "--set".into(),
@@ -61,7 +68,7 @@ async fn helm_install_then_the_platforms_command_manages_it_end_to_end() {
         "manager.agentlet.image.tag=1".into(),
         "--set-file".into(),
         format!("manager.caBundle.pem={}", ca.display()),
-    ];
+    ]);
     // scripts/test loads the image under the chart's default name; a run beside others
     // on a shared test bed may load its own build under another.
     if let Ok(image) = std::env::var("AUTONOMIC_TEST_MANAGER_IMAGE") {
