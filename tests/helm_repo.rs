@@ -193,6 +193,14 @@ async fn the_platforms_commands_from_a_chart_repository_connect() {
     );
     let (ok, out) = kubectl(&secret.args(), None);
     assert!(ok, "{out}");
+    // The CRDs first, as the docs' upgrade section says (Helm never upgrades them).
+    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/autonomic/crds/");
+    let apply = doc_command(
+        "kubectl apply --server-side -f charts/autonomic/crds/",
+        &[("charts/autonomic/crds/", crds)],
+    );
+    let (ok, out) = kubectl(&apply.args(), None);
+    assert!(ok, "{out}");
     let upgraded = Instant::now();
     release.helm(&doc_command("helm upgrade autonomic exo/autonomic", &platform).args());
     let upgrade_returned = upgraded.elapsed();
