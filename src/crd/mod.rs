@@ -242,4 +242,35 @@ mod tests {
         assert_eq!(embedded.len(), 4);
         assert_eq!(json(&embedded), json(&crds()));
     }
+
+    /// The container fields an Agent's `runtime`, a Runtime and a Tool share (`command`,
+    /// `args`, `env`; `resources` where the kind has it) are declared in each type, with
+    /// docs that say what the field means there. They are not one struct under
+    /// `#[serde(flatten)]`: that makes serde read every spec through a buffered copy of
+    /// its fields (the cost paid per object on every list and watch event), and the
+    /// schema generator writes flattened structs differently. This holds their schemas
+    /// equal but for the description, so a bound changed in one is changed in all.
+    #[test]
+    fn the_shared_container_fields_have_one_schema() {
+        let spec = |crd: &CustomResourceDefinition| {
+            let v = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+            v["openAPIV3Schema"]["properties"]["spec"].clone()
+        };
+        let field = |props: &serde_json::Value, name: &str| {
+            let mut f = props["properties"][name].clone();
+            f.as_object_mut()
+                .unwrap_or_else(|| panic!("no field {name}"))
+                .remove("description");
+            f
+        };
+        let agent = spec(&Agent::crd())["properties"]["runtime"].clone();
+        let runtime = spec(&Runtime::crd());
+        let tool = spec(&Tool::crd());
+        for name in ["command", "args", "env"] {
+            assert_eq!(field(&agent, name), field(&runtime, name), "{name}");
+            assert_eq!(field(&agent, name), field(&tool, name), "{name}");
+        }
+        assert_eq!(field(&agent, "resources"), field(&runtime, "resources"));
+        assert!(field(&agent, "env").to_string().contains("maxItems"));
+    }
 }
