@@ -687,7 +687,8 @@ fn the_dashboard_and_the_alerts_use_only_series_the_manager_exports() {
             "AutonomicLinkDown",
             "AutonomicTokenRejected",
             "AutonomicReconcileErrors",
-            "AutonomicAuditDropped"
+            "AutonomicAuditDropped",
+            "AutonomicSnapshotTooBig"
         ]
     );
     let link_down = &rules[0]["spec"]["groups"][0]["rules"][0];

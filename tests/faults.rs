@@ -485,6 +485,59 @@ async fn a_black_holed_dial_is_bounded_and_retried() {
     m.wait_ready().await;
 }
 
+/// (e) A platform whose message limit the snapshot is over: it closes with 1009 while
+/// the snapshot is being written. The manager says so (a log line with the snapshot's
+/// size, the metric), and does not dial again to resend the same snapshot: the next
+/// dial waits for the snapshot to shrink, or an hour (in process, on the paused clock:
+/// `connect::dial`'s tests).
+#[tokio::test]
+async fn a_snapshot_over_the_platforms_limit_is_refused_once_and_not_resent() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ft-toobig").await;
+    // Three Runtimes of 100 KB of args each: a snapshot of about 300 KB.
+    let args = vec!["x".repeat(1000); 100];
+    for i in 0..3 {
+        let rt: Runtime = serde_json::from_value(json!({
+            "apiVersion": "autonomic.sh/v1alpha1", "kind": "Runtime",
+            "metadata": {"name": format!("big-{i}")},
+            "spec": {"image": "img:1", "args": args},
+        }))
+        .unwrap();
+        ns.api::<Runtime>()
+            .create(&PostParams::default(), &rt)
+            .await
+            .unwrap();
+    }
+    let cp = FakeCp::start().await;
+    cp.set_max_message(128 * 1024);
+    let m = start(&ns.name, cp.url());
+    let line = wait_logged(
+        &m,
+        "refused a message as too big",
+        1,
+        Duration::from_secs(30),
+        "the refusal",
+    )
+    .await;
+    eprintln!("{line}");
+    assert!(line.contains("snapshot_bytes"), "{line}");
+    let series = "autonomic_disconnects_total{reason=\"message_too_big\"}";
+    assert_eq!(m.metric(series).await, 1.0);
+    // The wait that follows is the snapshot's, not the normal schedule's 1 s: after
+    // five times that, still the one connection.
+    wait_logged(
+        &m,
+        "reconnecting after a delay",
+        1,
+        Duration::from_secs(5),
+        "the wait",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(cp.accepted(), 1, "dialled again to resend the snapshot");
+    assert_eq!(m.metric(series).await, 1.0);
+}
+
 /// (d) A slow link (64 KiB/s) with a snapshot of a few hundred KiB: the snapshot and
 /// the heartbeats get through, and the session is never declared dead while bytes flow.
 #[tokio::test]

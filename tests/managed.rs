@@ -1182,7 +1182,13 @@ async fn metrics_parse_and_move_and_readiness_follows_the_link() {
     );
     // Every reason is a series from the start.
     for reason in [
-        "dead", "dropped", "closed", "evicted", "rejected", "shutdown",
+        "dead",
+        "dropped",
+        "closed",
+        "evicted",
+        "rejected",
+        "message_too_big",
+        "shutdown",
     ] {
         labelled(
             &before,

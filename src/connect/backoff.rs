@@ -23,7 +23,16 @@ pub enum Retry {
     /// deployment; wait the fixed eviction delay so two installs sharing a token do not
     /// flap.
     Evicted,
+    /// Close 1009 (RFC 6455 "message too big"): the control plane refused a message, in
+    /// practice the snapshot, the one message that grows with the cluster. Dialling
+    /// again would send it again: the normal schedule, then the dial loop waits until
+    /// the snapshot has shrunk below the refused size, or [`TOO_BIG_RETRY`].
+    TooBig,
 }
+
+/// After a snapshot was refused as too big, the longest wait before trying it again
+/// unshrunk: the platform may have raised its limit (one resend an hour, not a loop).
+pub const TOO_BIG_RETRY: Duration = Duration::from_secs(3600);
 
 impl Retry {
     /// The schedule for an upgrade refused with this HTTP status.
@@ -47,6 +56,7 @@ impl Retry {
         }
         match code {
             4001 => Retry::Rejected,
+            1009 => Retry::TooBig,
             _ => Retry::Normal,
         }
     }
@@ -86,7 +96,7 @@ impl Reconnect {
     /// jitter is drawn from `random` (see [`Backoff::next_delay_with`]).
     pub fn delay(&mut self, why: Retry, random: impl FnMut() -> u64) -> Duration {
         match why {
-            Retry::Normal => self.normal.next_delay_with(random),
+            Retry::Normal | Retry::TooBig => self.normal.next_delay_with(random),
             Retry::Rejected => self.rejected.next_delay_with(random),
             Retry::Evicted => self.eviction_delay,
         }
@@ -326,6 +336,8 @@ mod tests {
             (4001, "token revoked", Rejected),
             (4001, "", Rejected),
             (4002, "protocol error", Normal),
+            (1009, "message too big", TooBig),
+            (1009, "", TooBig),
             (1000, "", Normal),
             (1000, "bye", Normal),
             (1001, "going away", Normal),

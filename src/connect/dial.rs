@@ -10,13 +10,14 @@ use tokio::sync::watch;
 use tokio_tungstenite::WebSocketStream;
 use tracing::Instrument;
 
-use super::backoff::{Reconnect, Retry};
+use super::backoff::{Reconnect, Retry, TOO_BIG_RETRY};
 use super::link::{self, Failed};
-use super::session::{self, End};
+use super::session::{self, End, PIECE};
 use super::socket::DialError;
 use super::{Context, Ids, hello};
 use crate::config::{Config, Token};
 use crate::protocol::frame::Frame;
+use crate::protocol::wire;
 
 /// A way of carrying sessions to the control plane.
 pub(super) trait Transport {
@@ -136,6 +137,45 @@ async fn token_changed(config: &Config, last: Option<&Token>) {
 /// file once a second costs nothing; a kubelet's Secret refresh takes far longer.
 const TOKEN_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How often, after the control plane refused a snapshot as too big, the snapshot the
+/// caches would send now is measured.
+const SHRINK_POLL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Completes once the snapshot the caches would send now is smaller than `refused`
+/// bytes (at once when nothing was refused), or after [`TOO_BIG_RETRY`]. Measuring
+/// writes the snapshot in pieces and counts them, never the whole text at once, and
+/// yields between pieces.
+async fn snapshot_shrunk(ctx: &Context, refused: usize) {
+    if refused == 0 {
+        return;
+    }
+    let give_up = tokio::time::Instant::now() + TOO_BIG_RETRY;
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= give_up {
+            tracing::info!(
+                refused_bytes = refused,
+                "an hour since the control plane refused the snapshot as too big: trying it again"
+            );
+            return;
+        }
+        tokio::time::sleep(SHRINK_POLL.min(give_up - now)).await;
+        let mut bytes = 0;
+        for (piece, _) in wire::snapshot_pieces(super::form(ctx), 0, PIECE) {
+            bytes += piece.len();
+            tokio::task::yield_now().await;
+        }
+        if bytes < refused {
+            tracing::info!(
+                refused_bytes = refused,
+                snapshot_bytes = bytes,
+                "the snapshot is smaller than the one the control plane refused: dialling again"
+            );
+            return;
+        }
+    }
+}
+
 /// Dials over `transport`, runs a session until it ends, waits as `reconnect` says (its
 /// jitter drawn from `random`), and dials again, until shutdown. Needs no cluster: tests
 /// run it in process on the paused clock.
@@ -203,9 +243,20 @@ pub(super) async fn run<T: Transport>(
         let delay = reconnect.delay(retry, &mut random);
         link::waiting(&ctx);
         tracing::info!(delay_ms = delay.as_millis() as u64, reason = ?retry, "reconnecting after a delay");
+        let too_big = retry == Retry::TooBig;
+        let refused = if too_big {
+            ctx.link.last_snapshot_bytes()
+        } else {
+            0
+        };
+        let wait = async {
+            tokio::time::sleep(delay).await;
+            snapshot_shrunk(&ctx, refused).await;
+        };
         tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = token_changed(&config, last_token.as_ref()) => {
+            () = wait => {}
+            // A new token does not make a refused snapshot smaller.
+            _ = token_changed(&config, last_token.as_ref()), if !too_big => {
                 tracing::info!("the deployment token changed on disk: dialling now");
             }
             _ = shutdown.changed() => return,
@@ -497,6 +548,125 @@ mod dial_tests {
                 .last(events::Change::TokenRejected)
                 .is_some()
         );
+    }
+
+    /// Keeps Agents `big-0`… in the caches, `count` of them, each with `args` of `n`
+    /// strings of 200 bytes (a spec stays under the cache's 256 KiB bound up to about a
+    /// thousand): the snapshot's size follows `count × n`.
+    fn agents_of_size(ctx: &Context, count: usize, n: usize) {
+        for i in 0..count {
+            let agent: crate::crd::Agent = serde_json::from_value(serde_json::json!({
+                "apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
+                "metadata": {"name": format!("big-{i}"), "namespace": "team", "uid": format!("u-{i}")},
+                "spec": {"runtime": {"image": "img:1", "args": vec!["x".repeat(200); n]}},
+            }))
+            .unwrap();
+            ctx.store.agents.insert(agent);
+        }
+    }
+
+    /// A snapshot the control plane refuses as too big (close 1009) is not sent again
+    /// as it was: counted and told, no dial while the caches' snapshot is as large, the
+    /// next dial once it is smaller; unshrunk, one try an hour (the platform may have
+    /// raised its limit).
+    #[tokio::test(start_paused = true)]
+    async fn a_snapshot_refused_as_too_big_is_sent_again_only_smaller_or_an_hour_later() {
+        let (mut dials, _stop, ctx, _task) = start();
+        agents_of_size(&ctx, 1, 200);
+        let mut cp = next_dial(&mut dials).await.accept().await;
+        welcome(&mut cp).await;
+        let refused = ctx.link.last_snapshot_bytes();
+        assert!(refused > 40_000, "{refused} bytes");
+        close(&mut cp, 1009, "message too big").await;
+        let closed_at = Instant::now();
+        tokio::time::sleep(secs(1)).await;
+        assert_eq!(ctx.link.disconnects(Disconnect::TooBig), 1);
+        assert!(ctx.link.state().contains("too big"), "{}", ctx.link.state());
+
+        // As large for 30 minutes (a change that does not shrink it included): no dial.
+        agents_of_size(&ctx, 1, 201);
+        let none = tokio::time::timeout(secs(1800), dials.recv()).await;
+        assert!(none.is_err(), "dialled again with a snapshot as large");
+        // Smaller: dialled at the next measure, within SHRINK_POLL.
+        agents_of_size(&ctx, 1, 100);
+        let shrunk_at = Instant::now();
+        let dial = next_dial(&mut dials).await;
+        assert!(
+            dial.at - shrunk_at <= SHRINK_POLL,
+            "{:?}",
+            dial.at - shrunk_at
+        );
+        assert!(dial.at - closed_at > secs(1800));
+
+        // Refused again and never smaller: the next try is an hour (and the normal
+        // schedule's first second) after the refusal, not before.
+        let mut cp = dial.accept().await;
+        welcome(&mut cp).await;
+        close(&mut cp, 1009, "").await;
+        let closed_at = Instant::now();
+        let dial = next_dial(&mut dials).await;
+        assert_eq!(dial.at - closed_at, secs(1) + TOO_BIG_RETRY);
+        assert_eq!(ctx.link.disconnects(Disconnect::TooBig), 2);
+    }
+
+    /// A platform that refuses a message past its limit: reads `limit` bytes, sends a
+    /// close 1009, then either reads and drops the rest as RFC 6455 §5.5.1 says or hangs
+    /// up. Raw bytes, as a server that stopped parsing would.
+    async fn refusing_peer(mut theirs: DuplexStream, limit: usize, hang_up: bool) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 8192];
+        let mut read = 0;
+        while read < limit {
+            match theirs.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => read += n,
+            }
+        }
+        let reason = b"message too big";
+        let mut close = vec![0x88, 2 + reason.len() as u8];
+        close.extend_from_slice(&1009u16.to_be_bytes());
+        close.extend_from_slice(reason);
+        theirs.write_all(&close).await.unwrap();
+        if !hang_up {
+            while let Ok(n) = theirs.read(&mut buf).await
+                && n > 0
+            {}
+        }
+    }
+
+    /// A platform refusing a message says so (1009) once it has read its limit, while
+    /// the manager is still writing the snapshot: the manager stops at the next piece
+    /// (or, if the platform hung up, finds the close behind the failed write), counts it
+    /// as too big, and takes what it wrote as the size the next snapshot must be under.
+    #[tokio::test(start_paused = true)]
+    async fn a_close_mid_snapshot_ends_its_writing_and_counts_as_too_big() {
+        let (mut dials, _stop, ctx, _task) = start();
+        agents_of_size(&ctx, 10, 400);
+        let whole = wire::snapshot_text(super::super::form(&ctx), 1).len();
+        for (round, hang_up) in [false, true].into_iter().enumerate() {
+            let dial = next_dial(&mut dials).await;
+            // A pipe far smaller than the snapshot: the writing waits on the reading.
+            let (ours, theirs) = tokio::io::duplex(16 * 1024);
+            let ours = progress::Progress::new(ours);
+            let ws = WebSocketStream::from_raw_socket(ours, Role::Client, None).await;
+            let _ = dial.answer.send(Ok(ws));
+            tokio::spawn(refusing_peer(theirs, 128 * 1024, hang_up));
+            tokio::time::sleep(secs(30)).await;
+            assert_eq!(
+                ctx.link.disconnects(Disconnect::TooBig),
+                round as u64 + 1,
+                "hang up {hang_up}: {}",
+                ctx.link.state()
+            );
+            let cut = ctx.link.last_snapshot_bytes();
+            assert!(
+                (128 * 1024..whole).contains(&cut),
+                "cut after {cut} bytes of {whole}"
+            );
+            // Not dialled again while the snapshot is as large: only an hour later.
+            let none = tokio::time::timeout(secs(1800), dials.recv()).await;
+            assert!(none.is_err(), "dialled again with a snapshot as large");
+        }
     }
 
     #[tokio::test(start_paused = true)]

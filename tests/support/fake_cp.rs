@@ -180,6 +180,9 @@ struct State {
     frames: Vec<Received>,
     /// Binary messages keep at most this many payload bytes (a flood would fill memory).
     binary_keep: usize,
+    /// The largest message taken from a connection accepted from now on; a larger one
+    /// is refused as a platform does: close 1009, the rest read and dropped.
+    max_message: Option<usize>,
     /// Payload bytes received per shell channel, whole (before `binary_keep`).
     binary_bytes: BTreeMap<u32, u64>,
     conns: Vec<Conn>,
@@ -303,6 +306,7 @@ impl FakeCp {
                 requests: Vec::new(),
                 frames: Vec::new(),
                 binary_keep: usize::MAX,
+                max_message: None,
                 binary_bytes: BTreeMap::new(),
                 conns: Vec::new(),
                 listener: None,
@@ -409,6 +413,12 @@ impl FakeCp {
     /// Every upgrade request, in arrival order, with the status answered.
     pub fn requests(&self) -> Vec<Request> {
         self.inner.state().requests.clone()
+    }
+
+    /// Refuse a message over `n` bytes on connections accepted from now on: close 1009
+    /// "message too big" once that much has come, then read and drop the rest.
+    pub fn set_max_message(&self, n: usize) {
+        self.inner.state().max_message = Some(n);
     }
 
     /// Keep at most `n` payload bytes of each binary message from now on (the byte
@@ -910,7 +920,14 @@ async fn serve_socket(inner: Arc<Inner>, mut tcp: Stream) {
         registered = Some(id);
         Ok(response)
     };
-    let handshake = tokio_tungstenite::accept_hdr_async(wire, callback).await;
+    let max_message = inner.state().max_message;
+    let ws_config = max_message.map(|n| {
+        tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+            .max_message_size(Some(n))
+            .max_frame_size(Some(n))
+    });
+    let handshake =
+        tokio_tungstenite::accept_hdr_async_with_config(wire, callback, ws_config).await;
     let Some(id) = registered else {
         // Validated above, so only I/O gets here: the client went away.
         inner.state().requests[index].status = 400;
@@ -973,6 +990,20 @@ async fn serve_socket(inner: Arc<Inner>, mut tcp: Stream) {
                 }
             },
             msg = ws.next() => {
+                if let (Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(_))), Some(_)) = (&msg, max_message) {
+                    let frame = CloseFrame { code: 1009.into(), reason: "message too big".into() };
+                    let _ = ws.close(Some(frame)).await;
+                    // What still comes is read and dropped until the client closes too.
+                    let _ = tokio::time::timeout(Duration::from_secs(30), async {
+                        while let Some(Ok(next)) = ws.next().await {
+                            if matches!(next, Message::Close(_)) {
+                                break;
+                            }
+                        }
+                    })
+                    .await;
+                    break;
+                }
                 let Some(Ok(msg)) = msg else { break };
                 if let Some(reply) = record_message(&inner, id, msg) {
                     if silent {

@@ -2,7 +2,7 @@
 //! once), the histograms' buckets, and the `/metrics` families the link exports.
 
 use std::fmt::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, OnceLock};
 
 use tokio::sync::Notify;
@@ -57,6 +57,8 @@ reasons! {
         Evicted = "evicted",
         /// Closed by the control plane: the token is revoked.
         Rejected = "rejected",
+        /// Closed by the control plane with 1009: a message (the snapshot) too big.
+        TooBig = "message_too_big",
         /// The manager's own shutdown (or the loss of its Lease).
         Shutdown = "shutdown",
     }
@@ -107,6 +109,7 @@ impl Default for Link {
             dial_failures: Default::default(),
             delta_latency: Histogram::new(DELTA_SECONDS),
             snapshot_bytes: Histogram::new(SNAPSHOT_BYTES),
+            last_snapshot_bytes: AtomicUsize::new(0),
             snapshot_duration: Histogram::new(SNAPSHOT_SECONDS),
         }
     }
@@ -283,7 +286,13 @@ mod tests {
         assert_eq!(
             labels,
             [
-                "dead", "dropped", "closed", "evicted", "rejected", "shutdown"
+                "dead",
+                "dropped",
+                "closed",
+                "evicted",
+                "rejected",
+                "message_too_big",
+                "shutdown"
             ]
         );
         for (i, d) in DialFailure::ALL.iter().enumerate() {

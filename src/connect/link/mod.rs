@@ -5,7 +5,7 @@
 //! whatever the transport, and through what a session reports it sent.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -60,6 +60,8 @@ pub struct Link {
     /// delta frame carrying it.
     delta_latency: Histogram,
     snapshot_bytes: Histogram,
+    /// The size of the last snapshot sent: what a close 1009 most likely refused.
+    last_snapshot_bytes: AtomicUsize,
     /// Building and writing one snapshot frame.
     snapshot_duration: Histogram,
 }
@@ -133,9 +135,21 @@ impl Link {
     /// A snapshot of `bytes` went out, built and written in `took`; `true` for the
     /// process's first.
     pub fn snapshot_sent(&self, bytes: usize, took: Duration) -> bool {
+        self.last_snapshot_bytes.store(bytes, Relaxed);
         self.snapshot_bytes.observe(bytes as f64);
         self.snapshot_duration.observe_duration(took);
         self.snapshots_sent.fetch_add(1, Relaxed) == 0
+    }
+
+    /// A snapshot's writing ended after `bytes` (the session ended under it): at least
+    /// what a close 1009 refused, so the size a next snapshot must be under.
+    pub fn snapshot_cut(&self, bytes: usize) {
+        self.last_snapshot_bytes.store(bytes, Relaxed);
+    }
+
+    /// The size of the last snapshot sent (or cut short), 0 before the first.
+    pub fn last_snapshot_bytes(&self) -> usize {
+        self.last_snapshot_bytes.load(Relaxed)
     }
 
     /// A delta went out carrying the changes first marked at `marked`.
@@ -265,6 +279,10 @@ pub(super) fn ended(ctx: &Context, end: &End, prefix: &str) -> Option<Retry> {
             Disconnect::Rejected => {
                 tracing::warn!(code, %reason, token_prefix = %prefix, "token rejected: revoked by the control plane");
             }
+            Disconnect::TooBig => {
+                let snapshot_bytes = link.last_snapshot_bytes();
+                tracing::error!(code, %reason, snapshot_bytes, "the control plane refused a message as too big, most likely the snapshot: the platform must accept a message of this size (see docs/operations.md); not dialling again until the snapshot is smaller, or for an hour");
+            }
             _ => tracing::warn!(code, %reason, "the control plane closed the connection"),
         },
         End::Rejected(why) => {
@@ -314,6 +332,13 @@ pub(super) fn outcome(end: &End, prefix: &str) -> Outcome {
                 Some(Retry::Rejected),
                 Disconnect::Rejected,
                 format!("token rejected: revoked by the control plane (token {prefix}…)"),
+            ),
+            Retry::TooBig => (
+                Some(Retry::TooBig),
+                Disconnect::TooBig,
+                format!(
+                    "not connected: the control plane refused a message as too big ({code} {reason}); dialling again once the snapshot is smaller"
+                ),
             ),
             Retry::Normal => (
                 Some(Retry::Normal),
@@ -436,6 +461,13 @@ mod tests {
                 Some(R::Normal),
                 D::Closed,
                 "not connected: closed by the control plane (4002 protocol error)",
+                Some(Change::ConnectionLost),
+            ),
+            (
+                closed(1009, "message too big"),
+                Some(R::TooBig),
+                D::TooBig,
+                "not connected: the control plane refused a message as too big (1009 message too big); dialling again once the snapshot is smaller",
                 Some(Change::ConnectionLost),
             ),
             (

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use futures::SinkExt;
 use futures::future::BoxFuture;
+use futures::{FutureExt, SinkExt, StreamExt};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
@@ -33,7 +33,7 @@ use super::End;
 /// is 8 MB at 10 000 Agents. A snapshot's fragments are written as they are built, so
 /// its whole text is never held either. Pings and pongs may go between fragments; no
 /// data frame does, since this task sends every one.
-pub(super) const PIECE: usize = 64 * 1024;
+pub(in crate::connect) const PIECE: usize = 64 * 1024;
 
 /// `text` (UTF-8) in pieces of about `piece` bytes, none splitting a character, each
 /// with whether it is the last; views of the one buffer, not copies.
@@ -78,7 +78,14 @@ pub(super) struct Conn<'a, S> {
     pub(super) written: WriteClock,
     /// Honoured while a write is blocked, too.
     pub(super) shutdown: watch::Receiver<bool>,
+    /// Messages read between the pieces of a long message ([`Self::send_pieces`]), at
+    /// most [`MAX_EARLY`]; the session's loop handles them next.
+    pub(super) early: Vec<Message>,
 }
+
+/// The most messages kept unhandled while a long message is written; past it the rest
+/// wait in the socket (the peer is held back, not buffered).
+const MAX_EARLY: usize = 64;
 
 impl<S: Transport> Conn<'_, S> {
     pub(super) fn link(&self) -> &Link {
@@ -106,10 +113,40 @@ impl<S: Transport> Conn<'_, S> {
         for (piece, last) in pieces {
             bytes += piece.len();
             let fragment = WsFrame::message(piece, opcode, last);
-            self.send_message(Message::Frame(fragment)).await?;
+            if let Err(end) = self.send_message(Message::Frame(fragment)).await {
+                return Err(self.close_behind(end));
+            }
             opcode = OpCode::Data(Data::Continue);
+            // What the peer sent meanwhile: a close ends the session now, not after the
+            // whole message (a platform refusing the message as too big says so, 1009,
+            // while it is still being written, and may hang up soon after).
+            while self.early.len() < MAX_EARLY {
+                match self.ws.next().now_or_never() {
+                    None => break,
+                    Some(Some(Ok(Message::Close(f)))) => return Err(closed(f)),
+                    Some(Some(Ok(m))) => self.early.push(m),
+                    Some(Some(Err(e))) => return Err(End::Dropped(e.to_string())),
+                    Some(None) => return Err(End::Dropped("connection closed".into())),
+                }
+            }
         }
         Ok(bytes)
+    }
+
+    /// A write failed as `end`: a peer that refused the message may have said why (a
+    /// close, 1009) before hanging up, and that close is what ended the session.
+    fn close_behind(&mut self, end: End) -> End {
+        if !matches!(end, End::Dropped(_)) {
+            return end;
+        }
+        for _ in 0..MAX_EARLY {
+            match self.ws.next().now_or_never() {
+                Some(Some(Ok(Message::Close(f)))) => return closed(f),
+                Some(Some(Ok(_))) => {}
+                _ => break,
+            }
+        }
+        end
     }
 
     pub(super) async fn send_message(&mut self, message: Message) -> Result<(), End> {
@@ -153,9 +190,14 @@ impl<S: Transport> Conn<'_, S> {
         self.seq += 1;
         let started = Instant::now();
         let pieces = wire::snapshot_pieces(crate::connect::form(self.ctx), self.seq, PIECE);
-        let bytes = self
-            .send_pieces(pieces.map(|(p, last)| (Bytes::from(p), last)))
-            .await?;
+        let mut written = 0;
+        let sent = self
+            .send_pieces(pieces.map(|(p, last)| {
+                written += p.len();
+                (Bytes::from(p), last)
+            }))
+            .await;
+        let bytes = sent.inspect_err(|_| self.ctx.link.snapshot_cut(written))?;
         if self.link().snapshot_sent(bytes, started.elapsed()) {
             tracing::info!(
                 seq = self.seq,

@@ -23,6 +23,7 @@ use crate::protocol::frame::{Control, Heartbeat};
 
 mod conn;
 
+pub(super) use conn::PIECE;
 use conn::{Answer, Conn, closed};
 
 /// How a session ended, which decides the wait before the next dial.
@@ -150,6 +151,7 @@ async fn run_with<S: Transport>(
         write_bound: write_bound(frame::Welcome::defaults().heartbeat_interval()),
         written,
         shutdown: shutdown.clone(),
+        early: Vec::new(),
     };
     let driven = drive(&mut conn, hello, shutdown, on_welcome).await;
     // What is recorded from here on waits for the next connection (and the outbox).
@@ -212,6 +214,9 @@ async fn drive<S: Transport>(
     let mut last_delta = Instant::now();
     let link = conn.ctx.link.clone();
     loop {
+        for msg in std::mem::take(&mut conn.early) {
+            conn.on_message(Some(Ok(msg)), &mut last_rx).await?;
+        }
         tokio::select! {
             _ = shutdown.changed() => return Err(End::Shutdown),
             msg = conn.ws.next() => conn.on_message(msg, &mut last_rx).await?,
