@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use autonomic_manager::crd::Agent;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use support::docs::doc_command;
 use support::fake_cp::{FakeCp, Received};
 use support::*;
@@ -205,13 +205,10 @@ async fn helm_install_then_the_platforms_command_manages_it_end_to_end() {
     })
     .await;
     let pods: Api<Pod> = home.api();
-    let running: Vec<String> = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/name=autonomic-manager"))
+    let running: Vec<String> = home
+        .manager_pods()
         .await
-        .unwrap()
-        .items
         .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| p.metadata.name)
         .collect();
     // The leader logs "connected to the control plane" with the URL; the standby

@@ -19,8 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use support::docs::doc_command;
 use support::*;
 
@@ -28,14 +27,11 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The image the manager's (one) pod in `ns` runs.
 async fn running_image(ns: &TestNamespace) -> String {
-    let pods: Api<Pod> = ns.api();
-    let pod = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/name=autonomic-manager"))
+    let pod = ns
+        .manager_pods()
         .await
-        .unwrap()
-        .items
         .into_iter()
-        .find(|p| p.metadata.deletion_timestamp.is_none())
+        .next()
         .expect("a manager pod");
     pod.status.unwrap().container_statuses.unwrap()[0]
         .image

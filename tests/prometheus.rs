@@ -130,8 +130,8 @@ fn series(port: u16, query: &str) -> Option<usize> {
 #[tokio::test]
 async fn every_dashboard_query_returns_a_series_from_a_real_prometheus() {
     use k8s_openapi::api::apps::v1::Deployment;
-    use k8s_openapi::api::core::v1::{Pod, Secret};
-    use kube::api::{Api, ListParams, PostParams};
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{Api, PostParams};
     use support::fake_cp::FakeCp;
     use tokio::time::{Duration, Instant};
 
@@ -198,14 +198,10 @@ async fn every_dashboard_query_returns_a_series_from_a_real_prometheus() {
     reported(&cp, &agents.name, "hello", "Active").await;
 
     // Prometheus, scraping both pods every second.
-    let pods: Api<Pod> = home.api();
-    let targets: Vec<(String, String)> = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/name=autonomic-manager"))
+    let targets: Vec<(String, String)> = home
+        .manager_pods()
         .await
-        .unwrap()
-        .items
         .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .map(|p| {
             let ip = p.status.unwrap().pod_ip.unwrap();
             (p.metadata.name.unwrap(), ip)

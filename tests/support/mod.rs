@@ -137,6 +137,21 @@ impl TestNamespace {
             .expect("create runtime");
     }
 
+    /// The manager's pods in this namespace (a release installed here), but those
+    /// being deleted.
+    pub async fn manager_pods(&self) -> Vec<k8s_openapi::api::core::v1::Pod> {
+        let params =
+            kube::api::ListParams::default().labels("app.kubernetes.io/name=autonomic-manager");
+        self.api::<k8s_openapi::api::core::v1::Pod>()
+            .list(&params)
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect()
+    }
+
     pub fn api<K>(&self) -> Api<K>
     where
         K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
