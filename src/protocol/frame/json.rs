@@ -2,41 +2,40 @@
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 /// A resource's wire form (§5) as the manager wrote it: JSON text, sent as it is, never
-/// parsed into a tree to be written again.
-#[derive(Debug, Clone)]
-pub struct Json(Box<RawValue>);
+/// parsed into a tree to be written again. [`super::encode`] writes the `snapshot` and
+/// `delta` frames that carry it around the text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Json(Box<str>);
 
 impl Json {
-    /// `text` if it is one JSON value.
-    pub fn new(text: String) -> Result<Json, serde_json::Error> {
-        RawValue::from_string(text).map(Json)
+    /// Text the wire form's writer wrote: one JSON value (its tests hold that).
+    pub(crate) fn written(text: String) -> Json {
+        Json(text.into_boxed_str())
     }
 
     /// The text.
     pub fn get(&self) -> &str {
-        self.0.get()
-    }
-}
-
-impl PartialEq for Json {
-    fn eq(&self, other: &Json) -> bool {
-        self.get() == other.get()
+        &self.0
     }
 }
 
 impl From<&Value> for Json {
     fn from(value: &Value) -> Json {
-        // Cannot fail: string map keys, and a `Value` holds no NaN or infinity.
-        Json(serde_json::value::to_raw_value(value).expect("a Value always serializes"))
+        Json(value.to_string().into_boxed_str())
     }
 }
 
+/// Through a tree: only a frame serialized by serde itself gets here (a test, a fake
+/// control plane); the manager's [`super::encode`] writes the text as it is. serde can
+/// hand raw text to its writer only through serde_json's `raw_value` feature, which
+/// costs the binary about 55 KB (measured: a branch in every struct serialized into a
+/// `Value`, and kube serializes every Kubernetes type it sends that way).
 impl Serialize for Json {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
+        let value: Value = serde_json::from_str(&self.0).map_err(serde::ser::Error::custom)?;
+        value.serialize(s)
     }
 }
 

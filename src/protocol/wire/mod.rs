@@ -258,11 +258,10 @@ impl Wire<'_> {
     fn json(&self) -> Option<Json> {
         let mut out = Vec::new();
         self.write_json(&mut out);
-        let checked = String::from_utf8(out)
+        String::from_utf8(out)
+            .map(Json::written)
             .map_err(|e| e.to_string())
-            .and_then(|text| Json::new(text).map_err(|e| e.to_string()));
-        checked
-            .inspect_err(|e| tracing::error!(error = %e, "a wire form that is not JSON: left out"))
+            .inspect_err(|e| tracing::error!(error = %e, "a wire form that is not UTF-8: left out"))
             .ok()
     }
 }
