@@ -1,14 +1,11 @@
 //! The shipped binary: static (no ELF interpreter, no shared libraries) and small; its
 //! commands, its refusals of bad configuration, and its JSON log lines.
-// The fake API server below is a plain thread per connection: it may block (clippy.toml
-// bans that in the manager).
+// Waits on the child processes block a thread (clippy.toml bans that in the manager).
 #![allow(clippy::disallowed_methods)]
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -145,146 +142,36 @@ fn rbac_refusal_detector() {
     assert_eq!(rbac_refusal(&format!("{admission}\n{quota}")), None);
 }
 
-/// Just enough of a Kubernetes API server for one Agent to be reconciled: lists (the
-/// Agent `triage` in namespace `json-logs`, nothing else), watches that stay open and
-/// silent, writes answered with the object (a status write with the Agent), gets of
-/// single objects 404. Plain HTTP on 127.0.0.1, a thread per connection.
-fn fake_api_server() -> (u16, Arc<Mutex<Vec<String>>>) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let agent = json!({
-        "apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
-        "metadata": {"name": "triage", "namespace": "json-logs", "uid": "8e5c1f5e-0000-4000-8000-000000000001",
-                     "resourceVersion": "1", "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "spec": {"runtime": {"image": "busybox:1.36"}},
-    });
-    let record = seen.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming().map_while(Result::ok) {
-            let (agent, record) = (agent.clone(), record.clone());
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut conn = conn;
-                loop {
-                    let mut request = String::new();
-                    if reader.read_line(&mut request).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let mut length = 0;
-                    loop {
-                        let mut header = String::new();
-                        reader.read_line(&mut header).unwrap();
-                        if header.trim().is_empty() {
-                            break;
-                        }
-                        if let Some((k, v)) = header.split_once(':')
-                            && k.eq_ignore_ascii_case("content-length")
-                        {
-                            length = v.trim().parse().unwrap();
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    reader.read_exact(&mut body).unwrap();
-                    let mut words = request.split_whitespace();
-                    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-                    record.lock().unwrap().push(format!("{method} {target}"));
-                    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-                    let last = path.rsplit('/').next().unwrap_or("");
-                    let collection = [
-                        "agents",
-                        "tools",
-                        "runtimes",
-                        "memories",
-                        "pods",
-                        "services",
-                        "secrets",
-                        "serviceaccounts",
-                        "events",
-                        "leases",
-                        "namespaces",
-                    ]
-                    .contains(&last);
-                    let (status, answer) = match method {
-                        "GET"
-                            if query
-                                .split('&')
-                                .any(|p| p == "watch=true" || p == "watch=1") =>
-                        {
-                            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n");
-                            std::thread::sleep(Duration::from_secs(3600));
-                            return;
-                        }
-                        "GET" if collection => {
-                            let items = if last == "agents" {
-                                vec![agent.clone()]
-                            } else {
-                                vec![]
-                            };
-                            (
-                                200,
-                                json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": items}),
-                            )
-                        }
-                        "GET" => (
-                            404,
-                            json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
-                        ),
-                        _ if path.contains("/agents/") => (200, agent.clone()),
-                        _ => {
-                            let mut echo: Value =
-                                serde_json::from_slice(&body).unwrap_or(json!({}));
-                            if let Some(meta) =
-                                echo.get_mut("metadata").and_then(Value::as_object_mut)
-                            {
-                                meta.insert(
-                                    "uid".into(),
-                                    json!("8e5c1f5e-0000-4000-8000-000000000002"),
-                                );
-                                meta.insert("resourceVersion".into(), json!("2"));
-                            }
-                            (if method == "POST" { 201 } else { 200 }, echo)
-                        }
-                    };
-                    let body = answer.to_string();
-                    let head = format!(
-                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                        body.len()
-                    );
-                    if conn
-                        .write_all(head.as_bytes())
-                        .and_then(|()| conn.write_all(body.as_bytes()))
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (port, seen)
-}
-
 /// `AUTONOMIC_LOG_FORMAT=json`: every line is one JSON object with no key twice, through
 /// start-up, the reconcile span and a phase change (whose `message` field once collided
 /// with the event's message, and the span's `name` field with the span's name).
-#[test]
-fn json_log_lines_have_no_duplicate_keys() {
-    let (port, seen) = fake_api_server();
-    let dir = support::log_dir().join(format!("json-logs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = support::fake_kubeconfig(&dir, port);
-    let log = dir.join("manager.log");
+#[tokio::test]
+async fn json_log_lines_have_no_duplicate_keys() {
+    // The test bed's API server, the chart's identity: one Agent, reconciled.
+    let client = support::client().await;
+    let ns = support::TestNamespace::new(&client, "json-logs").await;
+    let kubeconfig = support::chart_identity(&ns.name, &[&ns.name]);
+    let log = support::log_dir().join(format!("{}.log", ns.name));
     let mut child = Command::new(BIN)
         .env_clear()
         .env("KUBECONFIG", &kubeconfig)
         .env("AUTONOMIC_LOG_FORMAT", "json")
         .env("AUTONOMIC_LOG", "debug")
-        .env("AUTONOMIC_NAMESPACES", "json-logs")
+        .env("AUTONOMIC_NAMESPACES", &ns.name)
         .env("AUTONOMIC_PROBE_ADDR", "127.0.0.1:0")
-        .env("AUTONOMIC_AGENTLET_IMAGE", "agentlet:test")
+        .env("AUTONOMIC_AGENTLET_IMAGE", support::AGENTLET_IMAGE)
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
+        .unwrap();
+    let agent: autonomic_manager::crd::Agent = serde_json::from_value(json!({
+        "apiVersion": "autonomic.sh/v1alpha1", "kind": "Agent",
+        "metadata": {"name": "triage"},
+        "spec": {"runtime": {"image": support::BUSYBOX_IMAGE, "command": ["sleep", "3600"]}},
+    }))
+    .unwrap();
+    ns.api::<autonomic_manager::crd::Agent>()
+        .create(&Default::default(), &agent)
+        .await
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let logs = loop {
@@ -295,12 +182,8 @@ fn json_log_lines_have_no_duplicate_keys() {
         if let Ok(Some(status)) = child.try_wait() {
             panic!("the manager exited ({status}):\n{logs}");
         }
-        assert!(
-            Instant::now() < deadline,
-            "no phase change logged; requests: {:?}\n{logs}",
-            seen.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(50));
+        assert!(Instant::now() < deadline, "no phase change logged:\n{logs}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let _ = child.kill();
     let _ = child.wait();

@@ -774,7 +774,7 @@ fn encode_snapshot(agent: &Agent, pod: &Value, n: usize, runs: usize) -> Value {
         times.push(ms(t0.elapsed()));
         assert!(text == expected, "the snapshot text is the encoded frame");
         assert!(
-            text.matches("\"containers\":[{").count() == n,
+            text.matches("\"pods\":[{").count() == n,
             "each Agent with its pod"
         );
         bytes = text.len();

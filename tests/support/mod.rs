@@ -15,7 +15,7 @@ pub mod own_bed;
 pub mod pki;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -954,23 +954,6 @@ pub fn audit_of(action: &'static str, session: String) -> impl Fn(&fake_cp::Rece
                 v["event"]["action"] == action && v["event"]["session_id"] == session.as_str()
             })
     }
-}
-
-/// A kubeconfig for a plain-HTTP stand-in API server on `127.0.0.1:port`, written in
-/// `dir`, with an anonymous user.
-pub fn fake_kubeconfig(dir: &Path, port: u16) -> PathBuf {
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
-             clusters: [{{name: fake, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n\
-             users: [{{name: fake, user: {{}}}}]\n\
-             contexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]\n"
-        ),
-    )
-    .unwrap();
-    kubeconfig
 }
 
 /// The address of the test bed's pod bridge on this machine: pods reach the host there,
