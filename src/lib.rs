@@ -23,6 +23,7 @@ mod text;
 /// one: every other module is private, so the compiler reports what nothing uses.
 #[doc(hidden)]
 pub mod internals {
+    pub use crate::connect::link::{DialFailure, Disconnect};
     pub use crate::metrics::{HISTOGRAMS, PROCESS_SERIES, SERIES};
     pub use crate::protocol::frame::{
         Frame, Snapshot, Stream, decode, decode_io, encode, encode_io,

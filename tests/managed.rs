@@ -1180,31 +1180,17 @@ async fn metrics_parse_and_move_and_readiness_follows_the_link() {
         started <= now + 1.0 && started > now - 600.0,
         "{started} vs {now}"
     );
-    // Every reason is a series from the start.
-    for reason in [
-        "dead",
-        "dropped",
-        "closed",
-        "evicted",
-        "rejected",
-        "message_too_big",
-        "shutdown",
-    ] {
+    // Every reason is a series from the start (the labels are pinned by a unit test in
+    // connect::link::figures).
+    use autonomic_manager::internals::{DialFailure, Disconnect};
+    for reason in Disconnect::ALL.iter().map(|d| d.as_str()) {
         labelled(
             &before,
             "autonomic_disconnects_total",
             Some(("reason", reason)),
         );
     }
-    for reason in [
-        "dns",
-        "connect",
-        "tls",
-        "proxy",
-        "http_status",
-        "timeout",
-        "token",
-    ] {
+    for reason in DialFailure::ALL.iter().map(|d| d.as_str()) {
         labelled(
             &before,
             "autonomic_dial_failures_total",
