@@ -243,23 +243,36 @@ pub(super) async fn run<T: Transport>(
         let delay = reconnect.delay(retry, &mut random);
         link::waiting(&ctx);
         tracing::info!(delay_ms = delay.as_millis() as u64, reason = ?retry, "reconnecting after a delay");
-        let too_big = retry == Retry::TooBig;
-        let refused = if too_big {
-            ctx.link.last_snapshot_bytes()
-        } else {
-            0
-        };
-        let wait = async {
-            tokio::time::sleep(delay).await;
-            snapshot_shrunk(&ctx, refused).await;
-        };
         tokio::select! {
-            () = wait => {}
-            // A new token does not make a refused snapshot smaller.
-            _ = token_changed(&config, last_token.as_ref()), if !too_big => {
-                tracing::info!("the deployment token changed on disk: dialling now");
-            }
+            () = wait_to_redial(&ctx, retry, delay, last_token.as_ref()) => {}
             _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// The wait before the next dial: `delay`, then, after a refused snapshot, until it has
+/// shrunk ([`snapshot_shrunk`]). A new token on disk ends it early, but not after a
+/// refused snapshot: a new token does not make it smaller.
+async fn wait_to_redial(
+    ctx: &Context,
+    retry: Retry,
+    delay: std::time::Duration,
+    last_token: Option<&Token>,
+) {
+    let too_big = retry == Retry::TooBig;
+    let refused = if too_big {
+        ctx.link.last_snapshot_bytes()
+    } else {
+        0
+    };
+    let wait = async {
+        tokio::time::sleep(delay).await;
+        snapshot_shrunk(ctx, refused).await;
+    };
+    tokio::select! {
+        () = wait => {}
+        _ = token_changed(&ctx.config, last_token), if !too_big => {
+            tracing::info!("the deployment token changed on disk: dialling now");
         }
     }
 }
