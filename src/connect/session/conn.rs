@@ -120,33 +120,38 @@ impl<S: Transport> Conn<'_, S> {
             // What the peer sent meanwhile: a close ends the session now, not after the
             // whole message (a platform refusing the message as too big says so, 1009,
             // while it is still being written, and may hang up soon after).
-            while self.early.len() < MAX_EARLY {
-                match self.ws.next().now_or_never() {
-                    None => break,
-                    Some(Some(Ok(Message::Close(f)))) => return Err(closed(f)),
-                    Some(Some(Ok(m))) => self.early.push(m),
-                    Some(Some(Err(e))) => return Err(End::Dropped(e.to_string())),
-                    Some(None) => return Err(End::Dropped("connection closed".into())),
-                }
-            }
+            self.read_ready()?;
         }
         Ok(bytes)
     }
 
+    /// Reads what the peer has already sent, without waiting, into [`Self::early`] (at
+    /// most [`MAX_EARLY`]): a close, an error or the stream's end ends the session.
+    fn read_ready(&mut self) -> Result<(), End> {
+        while self.early.len() < MAX_EARLY {
+            match self.ws.next().now_or_never() {
+                None => break,
+                Some(Some(Ok(Message::Close(f)))) => return Err(closed(f)),
+                Some(Some(Ok(m))) => self.early.push(m),
+                Some(Some(Err(e))) => return Err(End::Dropped(e.to_string())),
+                Some(None) => return Err(End::Dropped("connection closed".into())),
+            }
+        }
+        Ok(())
+    }
+
     /// A write failed as `end`: a peer that refused the message may have said why (a
-    /// close, 1009) before hanging up, and that close is what ended the session.
+    /// close, 1009) before hanging up, and that close is what ended the session. What
+    /// else was read early goes with the session.
     fn close_behind(&mut self, end: End) -> End {
         if !matches!(end, End::Dropped(_)) {
             return end;
         }
-        for _ in 0..MAX_EARLY {
-            match self.ws.next().now_or_never() {
-                Some(Some(Ok(Message::Close(f)))) => return closed(f),
-                Some(Some(Ok(_))) => {}
-                _ => break,
-            }
+        self.early.clear();
+        match self.read_ready() {
+            Err(close @ End::Closed(..)) => close,
+            _ => end,
         }
-        end
     }
 
     pub(super) async fn send_message(&mut self, message: Message) -> Result<(), End> {
