@@ -523,8 +523,8 @@ async fn a_snapshot_over_the_platforms_limit_is_refused_once_and_not_resent() {
     assert!(line.contains("snapshot_bytes"), "{line}");
     let series = "autonomic_disconnects_total{reason=\"message_too_big\"}";
     assert_eq!(m.metric(series).await, 1.0);
-    // The wait that follows is the snapshot's, not the normal schedule's 1 s: after
-    // five times that, still the one connection.
+    // The wait that follows is the snapshot's, not the normal schedule's (100 ms here,
+    // managed_vars): 5 s later, still the one connection.
     wait_logged(
         &m,
         "reconnecting after a delay",
