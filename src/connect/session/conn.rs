@@ -83,9 +83,12 @@ pub(super) struct Conn<'a, S> {
     pub(super) early: Vec<Message>,
 }
 
-/// The most messages kept unhandled while a long message is written; past it the rest
-/// wait in the socket (the peer is held back, not buffered).
+/// The most messages, and bytes of them, kept unhandled while a long message is
+/// written; past either the rest wait in the socket (the peer is held back, not
+/// buffered). One message may be up to 1 MiB: the bytes bound keeps a peer that sends
+/// many large ones during a snapshot to about 1 MiB here, not 64.
 const MAX_EARLY: usize = 64;
+const MAX_EARLY_BYTES: usize = 1 << 20;
 
 impl<S: Transport> Conn<'_, S> {
     pub(super) fn link(&self) -> &Link {
@@ -126,13 +129,18 @@ impl<S: Transport> Conn<'_, S> {
     }
 
     /// Reads what the peer has already sent, without waiting, into [`Self::early`] (at
-    /// most [`MAX_EARLY`]): a close, an error or the stream's end ends the session.
+    /// most [`MAX_EARLY`] messages and about [`MAX_EARLY_BYTES`]): a close, an error or
+    /// the stream's end ends the session.
     fn read_ready(&mut self) -> Result<(), End> {
-        while self.early.len() < MAX_EARLY {
+        let mut held: usize = self.early.iter().map(Message::len).sum();
+        while self.early.len() < MAX_EARLY && held < MAX_EARLY_BYTES {
             match self.ws.next().now_or_never() {
                 None => break,
                 Some(Some(Ok(Message::Close(f)))) => return Err(closed(f)),
-                Some(Some(Ok(m))) => self.early.push(m),
+                Some(Some(Ok(m))) => {
+                    held += m.len();
+                    self.early.push(m);
+                }
                 Some(Some(Err(e))) => return Err(End::Dropped(e.to_string())),
                 Some(None) => return Err(End::Dropped("connection closed".into())),
             }
