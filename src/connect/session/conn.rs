@@ -443,3 +443,96 @@ pub(super) fn closed(f: Option<CloseFrame>) -> End {
         None => End::Closed(1005, String::new()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    /// A connection over an in-memory pipe with room for `buffer` bytes, and its peer.
+    async fn conn(
+        ctx: &Arc<Context>,
+        buffer: usize,
+    ) -> (
+        Conn<'_, crate::connect::progress::Progress<tokio::io::DuplexStream>>,
+        WebSocketStream<tokio::io::DuplexStream>,
+    ) {
+        let (ours, theirs) = tokio::io::duplex(buffer);
+        let ours = crate::connect::progress::Progress::new(ours);
+        let ws = WebSocketStream::from_raw_socket(ours, Role::Client, None).await;
+        let peer = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
+        let written = ws.get_ref().write_clock();
+        let conn = Conn {
+            ws,
+            seq: 0,
+            ctx,
+            shells: Shells::with_runner(crate::connect::shell::exec_runner),
+            ping_sent: None,
+            controls: JoinSet::new(),
+            answer: |_, _| unreachable!("no control in these tests"),
+            write_bound: Duration::from_secs(30),
+            written,
+            shutdown: watch::channel(false).1,
+            early: Vec::new(),
+        };
+        (conn, peer)
+    }
+
+    /// What a peer sends while a long message is written waits in the socket past 64
+    /// messages or 1 MiB of them, whichever comes first: it is read later, in order,
+    /// never dropped and never held beyond the bound.
+    #[tokio::test(start_paused = true)]
+    async fn early_reads_stop_at_64_messages_or_a_mebibyte() {
+        let ctx = crate::connect::test_context();
+        let (mut conn, mut peer) = conn(&ctx, 8 << 20).await;
+        // Ten messages of 200 KiB: the sixth takes what is held past 1 MiB.
+        for i in 0..10u8 {
+            let body = char::from(b'a' + i).to_string().repeat(200 << 10);
+            peer.send(Message::text(body)).await.unwrap();
+        }
+        conn.read_ready().unwrap();
+        assert_eq!(conn.early.len(), 6);
+        // Nothing more is taken while they are held.
+        conn.read_ready().unwrap();
+        assert_eq!(conn.early.len(), 6);
+        conn.early.clear();
+        conn.read_ready().unwrap();
+        let firsts: String = conn
+            .early
+            .iter()
+            .map(|m| m.to_text().unwrap().chars().next().unwrap())
+            .collect();
+        assert_eq!(firsts, "ghij", "the rest, in order");
+
+        // A hundred small ones: 64 held, the other 36 read once those are handled.
+        conn.early.clear();
+        for i in 0..100 {
+            peer.send(Message::text(i.to_string())).await.unwrap();
+        }
+        conn.read_ready().unwrap();
+        assert_eq!(conn.early.len(), MAX_EARLY);
+        conn.early.clear();
+        conn.read_ready().unwrap();
+        assert_eq!(conn.early.len(), 36);
+        assert_eq!(conn.early[35].to_text().unwrap(), "99");
+    }
+
+    /// A close behind the early messages ends the session with the peer's code (a
+    /// platform refusing a message as too big says 1009).
+    #[tokio::test(start_paused = true)]
+    async fn a_close_read_early_ends_the_session_with_its_code() {
+        let ctx = crate::connect::test_context();
+        let (mut conn, mut peer) = conn(&ctx, 1 << 20).await;
+        peer.send(Message::text("{}")).await.unwrap();
+        peer.close(Some(CloseFrame {
+            code: CloseCode::Size,
+            reason: "message too big".into(),
+        }))
+        .await
+        .unwrap();
+        assert_eq!(
+            conn.read_ready(),
+            Err(End::Closed(1009, "message too big".into()))
+        );
+    }
+}
