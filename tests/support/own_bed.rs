@@ -12,13 +12,52 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-/// A free TCP port on 127.0.0.1 (bound, then released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
+/// The beds' ports come from below the kernel's ephemeral range (32768-60999 by
+/// default), never from `127.0.0.1:0`: a port the kernel handed out once it hands out
+/// again, as the local port of any test's outgoing connection or `:0` listener, and a
+/// restarted kube-apiserver whose port was taken meanwhile fails to bind ("address
+/// already in use").
+const PORTS: std::ops::Range<u16> = 28000..32700;
+/// One empty file per port a bed of some test process holds, created exclusively: two
+/// tests starting beds at once never pick the same port. Removed with the bed; one a
+/// killed test left is taken back after a day.
+const CLAIMS: &str = "/tmp/autonomic-own-bed-ports";
+
+/// A port of [`PORTS`] no one listens on, claimed in [`CLAIMS`]; [`release`] gives it back.
+fn claim_port() -> u16 {
+    std::fs::create_dir_all(CLAIMS).unwrap();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+        .subsec_nanos() as usize;
+    let n = PORTS.len();
+    let seed = std::process::id() as usize * 7919 + nanos;
+    for i in 0..n {
+        let port = PORTS.start + ((seed + i) % n) as u16;
+        let claim = format!("{CLAIMS}/{port}");
+        let stale = std::fs::metadata(&claim)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().unwrap_or_default().as_secs() > 24 * 3600);
+        if stale {
+            let _ = std::fs::remove_file(&claim);
+        }
+        let new = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&claim);
+        if new.is_err() {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+        let _ = std::fs::remove_file(&claim);
+    }
+    panic!("no free port in {PORTS:?} ({CLAIMS} holds the claimed ones)")
+}
+
+fn release(port: u16) {
+    let _ = std::fs::remove_file(format!("{CLAIMS}/{port}"));
 }
 
 /// A copy of `kubeconfig` (any kubeconfig naming `https://127.0.0.1:<port>`, JSON or
@@ -60,6 +99,8 @@ pub struct OwnBed {
     pub dir: String,
     /// The port of the bed's kube-apiserver (the one `restart_apiserver` restarts).
     pub port: u16,
+    /// Every port claimed for it (its API servers' and etcd's), released on drop.
+    ports: std::sync::Mutex<Vec<u16>>,
     env: Vec<(&'static str, String)>,
     /// Released after `down` (fields drop after `Drop::drop`); none for a bed that may
     /// not become the process's default ([`OwnBed::up_with_cache`]).
@@ -102,7 +143,7 @@ impl OwnBed {
         turn: Option<std::sync::MutexGuard<'static, ()>>,
         mut env: Vec<(&'static str, String)>,
     ) -> OwnBed {
-        let (port, etcd, peer) = (free_port(), free_port(), free_port());
+        let (port, etcd, peer) = (claim_port(), claim_port(), claim_port());
         let dir = format!("/tmp/autonomic-own-bed-{port}");
         env.extend([
             ("AUTONOMIC_TESTBED_DIR", dir.clone()),
@@ -114,6 +155,7 @@ impl OwnBed {
         OwnBed {
             dir,
             port,
+            ports: std::sync::Mutex::new(vec![port, etcd, peer]),
             env,
             _turn: turn,
         }
@@ -177,7 +219,8 @@ impl OwnBed {
 
     /// Starts a second kube-apiserver on the same etcd; its port.
     pub fn start_second_apiserver(&self) -> u16 {
-        let port = free_port();
+        let port = claim_port();
+        self.ports.lock().unwrap().push(port);
         self.ok(&[
             "start-apiserver",
             "kube-apiserver-second",
@@ -200,6 +243,10 @@ impl Drop for OwnBed {
         let down = self.cluster(&["down"]);
         // cluster.sh serialises up/down on a lock file beside the state dir.
         let _ = std::fs::remove_file(format!("{}.lock", self.dir));
+        if down.status.success() {
+            let ports = self.ports.lock().unwrap_or_else(|e| e.into_inner());
+            ports.iter().copied().for_each(release);
+        }
         // A `down` that fails leaves an API server and an etcd running for good: the test
         // fails rather than leak them (unless it is failing already).
         if !down.status.success() && !std::thread::panicking() {
