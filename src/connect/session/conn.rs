@@ -26,7 +26,7 @@ use crate::protocol::frame::{self, Frame};
 use crate::protocol::frame::{Control, ControlResult, Delta, ErrorFrame};
 use crate::protocol::wire;
 
-use super::End;
+use super::{End, Seams};
 
 /// A message longer than this leaves as fragments of about this size (RFC 6455 §5.4):
 /// the socket's write buffer keeps the size of the largest frame it held, and a snapshot
@@ -89,6 +89,33 @@ pub(super) struct Conn<'a, S> {
 /// many large ones during a snapshot to about 1 MiB here, not 64.
 const MAX_EARLY: usize = 64;
 const MAX_EARLY_BYTES: usize = 1 << 20;
+
+impl<'a, S: Transport> Conn<'a, S> {
+    /// A connection on `ws` with nothing sent or read yet; `write_bound` holds until a
+    /// welcome sets its own.
+    pub(super) fn new(
+        ctx: &'a Arc<Context>,
+        ws: WebSocketStream<S>,
+        seams: Seams,
+        shutdown: watch::Receiver<bool>,
+        write_bound: Duration,
+    ) -> Self {
+        let written = ws.get_ref().write_clock();
+        Conn {
+            ws,
+            seq: 0,
+            ctx,
+            shells: Shells::with_runner(seams.runner),
+            ping_sent: None,
+            controls: JoinSet::new(),
+            answer: seams.answer,
+            write_bound,
+            written,
+            shutdown,
+            early: Vec::new(),
+        }
+    }
+}
 
 impl<S: Transport> Conn<'_, S> {
     pub(super) fn link(&self) -> &Link {
@@ -461,20 +488,12 @@ mod tests {
         let ours = crate::connect::progress::Progress::new(ours);
         let ws = WebSocketStream::from_raw_socket(ours, Role::Client, None).await;
         let peer = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
-        let written = ws.get_ref().write_clock();
-        let conn = Conn {
-            ws,
-            seq: 0,
-            ctx,
-            shells: Shells::with_runner(crate::connect::shell::exec_runner),
-            ping_sent: None,
-            controls: JoinSet::new(),
+        let seams = Seams {
             answer: |_, _| unreachable!("no control in these tests"),
-            write_bound: Duration::from_secs(30),
-            written,
-            shutdown: watch::channel(false).1,
-            early: Vec::new(),
+            runner: crate::connect::shell::exec_runner,
         };
+        let shutdown = watch::channel(false).1;
+        let conn = Conn::new(ctx, ws, seams, shutdown, Duration::from_secs(30));
         (conn, peer)
     }
 

@@ -9,14 +9,13 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::Context;
 pub use super::progress::Transport;
-use super::shell::{Outgoing, Shells};
+use super::shell::Outgoing;
 use crate::audit::now_rfc3339;
 use crate::protocol::frame::{self, Frame};
 use crate::protocol::frame::{Control, Heartbeat};
@@ -138,21 +137,8 @@ async fn run_with<S: Transport>(
     on_welcome: impl FnOnce(bool),
     seams: Seams,
 ) -> End {
-    let Seams { answer, runner } = seams;
-    let written = ws.get_ref().write_clock();
-    let mut conn = Conn {
-        ws,
-        seq: 0,
-        ctx,
-        shells: Shells::with_runner(runner),
-        ping_sent: None,
-        controls: JoinSet::new(),
-        answer,
-        write_bound: write_bound(frame::Welcome::defaults().heartbeat_interval()),
-        written,
-        shutdown: shutdown.clone(),
-        early: Vec::new(),
-    };
+    let bound = write_bound(frame::Welcome::defaults().heartbeat_interval());
+    let mut conn = Conn::new(ctx, ws, seams, shutdown.clone(), bound);
     let driven = drive(&mut conn, hello, shutdown, on_welcome).await;
     // What is recorded from here on waits for the next connection (and the outbox).
     ctx.link.audit.set_live(false);
