@@ -26,14 +26,12 @@ const CLAIMS: &str = "/tmp/autonomic-own-bed-ports";
 /// A port of [`PORTS`] no one listens on, claimed in [`CLAIMS`]; [`release`] gives it back.
 fn claim_port() -> u16 {
     std::fs::create_dir_all(CLAIMS).unwrap();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as usize;
+    // Where this process starts looking: the claims keep processes apart, the start
+    // only spreads them.
     let n = PORTS.len();
-    let seed = std::process::id() as usize * 7919 + nanos;
+    let start = std::process::id() as usize * 7919;
     for i in 0..n {
-        let port = PORTS.start + ((seed + i) % n) as u16;
+        let port = PORTS.start + ((start + i) % n) as u16;
         let claim = format!("{CLAIMS}/{port}");
         let stale = std::fs::metadata(&claim)
             .and_then(|m| m.modified())
