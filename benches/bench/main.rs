@@ -144,7 +144,8 @@ where
     K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
         + serde::de::DeserializeOwned
-        + std::fmt::Debug,
+        + std::fmt::Debug
+        + 'static,
 {
     // Listed as served (every field), then read as the manager reads it.
     let resource = kube::core::ApiResource::erase::<K>(&());

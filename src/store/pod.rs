@@ -56,6 +56,11 @@ impl From<Served> for PodView {
             s.shrink_to_fit();
             s
         });
+        if let Some(status) = p.status.as_mut() {
+            super::cache::fit(&mut status.container_statuses);
+            super::cache::fit(&mut status.init_container_statuses);
+            super::cache::fit(&mut status.conditions);
+        }
         PodView {
             spec_hash: annotations.remove(SPEC_HASH),
             context_summary,
