@@ -145,10 +145,7 @@ fn runtime_container(
             .clone()
             .or_else(|| tpl.and_then(|t| t.args.clone())),
         env: (!env.is_empty()).then_some(env),
-        resources: spec
-            .runtime
-            .resources
-            .clone()
+        resources: (spec.runtime.resources.as_deref().cloned())
             .or_else(|| tpl.and_then(|t| t.resources.clone())),
         volume_mounts: Some(vec![mount]),
         // Set by `build`: merged over the restricted defaults under `restricted`.
