@@ -2,6 +2,11 @@
 //!
 //! A key is never handed to two workers at once; a key that changes while it is being
 //! reconciled is run again right after. Failures retry with capped exponential backoff.
+//! Namespaces take turns: the waiting keys are served one namespace's at a time, in
+//! turn, each namespace's in the order they came (fair queuing by namespace, the tenants'
+//! unit in TRUST.md), so a burst of thousands of Agents in one namespace does not hold
+//! back another's single change (it waits for one key of each namespace with work, not
+//! for the burst).
 //! A key has at most one pending wake-up (`add_after`): the earliest asked for wins, so a
 //! Tool in its idle grace that is reconciled many times still holds one timer.
 
@@ -17,7 +22,7 @@ use crate::crd::Key;
 
 #[derive(Default)]
 struct Inner {
-    ready: VecDeque<Key>,
+    ready: Ready,
     queued: HashSet<Key>,
     active: HashSet<Key>,
     /// Changed while active: run again once done.
@@ -26,6 +31,59 @@ struct Inner {
     /// The one pending wake-up of a key: when, and the timer task to cancel if an earlier
     /// one replaces it.
     wakeups: HashMap<Key, (Instant, AbortHandle)>,
+}
+
+/// The keys waiting to run: one lane per namespace, and the namespaces with waiting keys
+/// in the order they are served. A namespace has a lane, never empty, exactly while it is
+/// in `turns`.
+#[derive(Default)]
+struct Ready {
+    lanes: HashMap<String, VecDeque<Key>>,
+    turns: VecDeque<String>,
+    len: usize,
+}
+
+impl Ready {
+    fn push_back(&mut self, key: Key) {
+        self.len += 1;
+        if let Some(lane) = self.lanes.get_mut(&key.namespace) {
+            lane.push_back(key);
+        } else {
+            self.turns.push_back(key.namespace.clone());
+            self.lanes
+                .insert(key.namespace.clone(), VecDeque::from([key]));
+        }
+    }
+
+    /// The next key of the namespace whose turn it is; that namespace then waits for
+    /// every other one with waiting keys.
+    fn pop_front(&mut self) -> Option<Key> {
+        let namespace = self.turns.pop_front()?;
+        let lane = self.lanes.get_mut(&namespace)?;
+        let key = lane.pop_front();
+        if lane.is_empty() {
+            // A namespace's lane goes with its last key: a start fills one lane with
+            // every object of a namespace, and an emptied one would keep its room.
+            self.lanes.remove(&namespace);
+        } else {
+            self.turns.push_back(namespace);
+        }
+        self.len -= usize::from(key.is_some());
+        key
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn shrink_to(&mut self, room: usize) {
+        self.lanes.shrink_to(room);
+        self.turns.shrink_to(room);
+    }
 }
 
 #[derive(Default)]
@@ -120,6 +178,7 @@ impl Queue {
                     if !more {
                         // A start queues every object at once; the emptied queue would
                         // keep room for all of them (about 0.2 MB per 1 000) for good.
+                        // (Each namespace's lane went with its last key.)
                         inner.ready.shrink_to(RETAINED);
                         inner.queued.shrink_to(RETAINED);
                     }
@@ -187,6 +246,52 @@ mod tests {
         assert_eq!(q.next().await, key("a"));
         assert_eq!(q.next().await, key("b"));
         assert_eq!(q.depth(), 0);
+    }
+
+    /// A burst in one namespace holds back another namespace's change by one key, not
+    /// by the burst; each namespace's keys keep their order.
+    #[tokio::test]
+    async fn namespaces_take_turns() {
+        let q = Queue::default();
+        let in_ns = |ns: &str, n: usize| Key::new(Kind::Agent, ns, format!("a-{n}"));
+        for n in 0..1000 {
+            q.add(in_ns("burst", n));
+        }
+        q.add(in_ns("other", 0));
+        q.add(in_ns("third", 0));
+        q.add(in_ns("other", 1));
+        let mut served = vec![];
+        for _ in 0..7 {
+            let k = q.next().await;
+            q.done(&k, true);
+            served.push(format!("{}/{}", k.namespace, k.name));
+        }
+        let expect = [
+            "burst/a-0",
+            "other/a-0",
+            "third/a-0",
+            "burst/a-1",
+            "other/a-1",
+        ];
+        assert_eq!(served[..5], expect);
+        assert_eq!(served[5..], ["burst/a-2", "burst/a-3"]);
+        assert_eq!(q.depth(), 1000 - 4);
+        // A namespace with work again joins the turns behind the ones waiting; a key
+        // coming back (changed while it ran) goes to the end of its namespace's lane.
+        let k = q.next().await;
+        q.add(k.clone());
+        q.add(in_ns("other", 2));
+        q.done(&k, true);
+        assert_eq!(q.next().await, in_ns("burst", 5));
+        assert_eq!(q.next().await, in_ns("other", 2));
+        assert_eq!(q.lock().ready.lanes["burst"].back(), Some(&k));
+        // Drained, the lanes are gone with their last keys.
+        while q.depth() > 0 {
+            let k = q.next().await;
+            q.done(&k, true);
+        }
+        let inner = q.lock();
+        assert!(inner.ready.lanes.is_empty() && inner.ready.turns.is_empty());
     }
 
     #[tokio::test]
