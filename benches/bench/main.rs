@@ -390,23 +390,35 @@ fn managers_own(per_agent: &Value) -> f64 {
 /// running; the time until their `n` pods exist, and the API server's counters when
 /// that time was taken and once the manager is done (no counter moved for 3 s: the
 /// status writes and Events that follow the pods are counted too).
-async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> (Duration, Value, Value) {
+async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> Created {
     let cp = FakeCp::start().await;
-    let m = start_manager(ns, &cp);
+    // A second namespace the same manager watches: another tenant, with one change at a
+    // time while the burst goes on.
+    let other = TestNamespace::new(client, "bench-other").await;
+    let mut env = managed_env(&cp);
+    env.push(("AUTONOMIC_NAMESPACES", format!("{ns},{}", other.name)));
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let m = Manager::start(ns, &pairs);
     m.wait_ready().await;
     let before = api_requests(client).await;
     let pods = count_pods(Api::namespaced(client.clone(), ns), n);
     let agents: Api<Agent> = Api::namespaced(client.clone(), ns);
+    let finished = std::sync::atomic::AtomicBool::new(false);
     let t0 = Instant::now();
-    create_all(
-        &agents,
-        (0..n).map(|i| agent_object(&format!("a-{i}"))).collect(),
-    )
-    .await;
-    let done = tokio::time::timeout(Duration::from_secs(1800), pods)
-        .await
-        .expect("pods within 30 min")
-        .unwrap();
+    let burst = async {
+        create_all(
+            &agents,
+            (0..n).map(|i| agent_object(&format!("a-{i}"))).collect(),
+        )
+        .await;
+        let done = tokio::time::timeout(Duration::from_secs(1800), pods)
+            .await
+            .expect("pods within 30 min")
+            .unwrap();
+        finished.store(true, Relaxed);
+        done
+    };
+    let (done, during) = tokio::join!(burst, changes_during(client, &other.name, &cp, &finished));
     let timed = per_object(&before, &api_requests(client).await, n);
     let mut last = api_requests(client).await;
     let mut quiet = Instant::now();
@@ -432,8 +444,88 @@ async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> (Duration
         last = now;
     }
     let settled = per_object(&before, &last, n);
+    let (rss, peak) = rss(m.pid()).expect("manager running");
     drop(m);
-    (done - t0, timed, settled)
+    Created {
+        took: done - t0,
+        timed,
+        settled,
+        manager: json!({"rss_bytes": rss, "rss_peak_bytes": peak, "during": during}),
+    }
+}
+
+/// What [`manager_creates`] measured: the time to the pods, the API requests per Agent
+/// while timed and until settled, and the creating manager's own figures.
+struct Created {
+    took: Duration,
+    timed: Value,
+    settled: Value,
+    manager: Value,
+}
+
+/// The work queue's fairness: while a burst of Agents in one namespace is under way, a
+/// new Agent in another namespace the manager watches, one a second until the burst's
+/// pods all exist; for each, the time from its create to its pod existing (it waits in
+/// the same work queue as the burst) and to its `delta` at the control plane.
+async fn changes_during(
+    client: &kube::Client,
+    ns: &str,
+    cp: &FakeCp,
+    finished: &std::sync::atomic::AtomicBool,
+) -> Value {
+    let agents: Api<Agent> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
+    let watch = tokio::spawn(async move {
+        let mut events = watcher(pods, watcher::Config::default()).boxed();
+        while let Some(ev) = events.next().await {
+            if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev {
+                let _ = tx.send((p.name_any(), Instant::now()));
+            }
+        }
+    });
+    let mut pod_ms = Vec::new();
+    let mut delta_ms = Vec::new();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    while !finished.load(Relaxed) {
+        let name = format!("lone-{}", pod_ms.len());
+        let t0 = Instant::now();
+        agents
+            .create(&PostParams::default(), &agent_object(&name))
+            .await
+            .expect("create an Agent in the other namespace");
+        let pod_at = loop {
+            let (seen, at) = tokio::time::timeout(Duration::from_secs(1800), rx.recv())
+                .await
+                .expect("its pod within 30 min")
+                .expect("watch running");
+            if seen == name {
+                break at;
+            }
+        };
+        let delta = cp
+            .wait_frame("delta with the new Agent", |f| {
+                f.at >= t0
+                    && is_type(f, "delta")
+                    && f.json().unwrap()["changes"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["resource"]["name"] == name.as_str())
+            })
+            .await;
+        pod_ms.push(ms(pod_at - t0));
+        delta_ms.push(ms(delta.at - t0));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    watch.abort();
+    let out = json!({
+        "changes": pod_ms.len(),
+        "pod_ms": pod_ms,
+        "delta_ms": delta_ms,
+    });
+    eprintln!("changes in another namespace during the burst: {out}");
+    out
 }
 
 /// Item 5's reference: the same number of pods, shaped like the manager's, created
@@ -828,7 +920,8 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
         let ns = TestNamespace::new(&client, &format!("bench-{n}")).await;
         if n > 0 {
             eprintln!("creating {n} Agents with the manager running");
-            let (managed, managed_requests, settled) = manager_creates(&client, &ns.name, n).await;
+            let created = manager_creates(&client, &ns.name, n).await;
+            let managed = created.took;
             let pods: Api<Pod> = ns.api();
             let template = pods.get("a-0").await.unwrap();
             let direct_ns = TestNamespace::new(&client, &format!("bench-direct-{n}")).await;
@@ -842,15 +935,22 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
                 "manager_s": managed.as_secs_f64(),
                 "direct_s": direct.as_secs_f64(),
                 "ratio": direct.as_secs_f64() / managed.as_secs_f64(),
-                "requests_per_agent": managed_requests,
-                "requests_settled_per_agent": settled,
-                "manager_requests_settled_per_agent": managers_own(&settled),
+                "requests_per_agent": created.timed,
+                "requests_settled_per_agent": created.settled,
+                "manager_requests_settled_per_agent": managers_own(&created.settled),
+                "creating_manager": created.manager,
                 "requests_per_pod_direct": direct_requests,
             });
             eprintln!("throughput: {row}");
             throughput.push(row);
             // The direct pods are not needed any more: they would only load the server.
             drop(direct_ns);
+        }
+        // A restart right after the burst: a fresh manager on the Agents as the burst left
+        // the API server (the runs below let it settle first).
+        if n >= 10_000 {
+            let (fp, _m, _cp) = footprint(&ns.name, n).await;
+            results.insert("restart_after_burst".into(), fp);
         }
         // Three runs at 10 000: one start's time varies by a second on 2 cores.
         let runs = if n >= 10_000 { 3 } else { 1 };
