@@ -306,20 +306,7 @@ async fn scrape(client: &kube::Client) -> prometheus_parse::Scrape {
 /// garbage collection, its watchers' queues) must not be timed as the manager's start,
 /// which a real cluster meets settled. Returns how long it took.
 async fn settle(client: &kube::Client) -> Duration {
-    let cpu = async || {
-        scrape(client)
-            .await
-            .samples
-            .into_iter()
-            .find(|s| s.metric == "process_cpu_seconds_total")
-            .and_then(|s| match s.value {
-                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => {
-                    Some(v)
-                }
-                _ => None,
-            })
-            .expect("process_cpu_seconds_total in the API server's metrics")
-    };
+    let cpu = async || apiserver_cpu(client).await;
     let t0 = Instant::now();
     let window = Duration::from_secs(2);
     loop {
@@ -333,6 +320,81 @@ async fn settle(client: &kube::Client) -> Duration {
             );
             return t0.elapsed();
         }
+    }
+}
+
+/// The API server's CPU seconds so far (its `process_cpu_seconds_total`).
+async fn apiserver_cpu(client: &kube::Client) -> f64 {
+    scrape(client)
+        .await
+        .samples
+        .into_iter()
+        .find(|s| s.metric == "process_cpu_seconds_total")
+        .and_then(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => Some(v),
+            _ => None,
+        })
+        .expect("process_cpu_seconds_total in the API server's metrics")
+}
+
+/// CPU seconds used so far: by the whole machine (its busy time over all cores,
+/// `/proc/stat`, in the kernel's fixed 100 ticks a second), the API server, this bench
+/// process and the manager of `pid` (`/proc/<pid>/schedstat`, nanoseconds). What a
+/// timed window cost, and where it went: [`Cpu::since`].
+struct Cpu {
+    at: Instant,
+    machine: f64,
+    apiserver: f64,
+    bench: f64,
+    manager: f64,
+}
+
+impl Cpu {
+    async fn now(client: &kube::Client, manager: Option<u32>) -> Cpu {
+        let on_cpu = |pid: &str| -> f64 {
+            std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+                .ok()
+                .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+                .map_or(0.0, |ns| ns / 1e9)
+        };
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let ticks: Vec<f64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|t| t.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal (guest time is in user already).
+        let busy: f64 = ticks.iter().take(8).sum::<f64>()
+            - ticks.get(3).copied().unwrap_or(0.0)
+            - ticks.get(4).copied().unwrap_or(0.0);
+        Cpu {
+            at: Instant::now(),
+            machine: busy / 100.0,
+            apiserver: apiserver_cpu(client).await,
+            bench: on_cpu("self"),
+            manager: manager.map_or(0.0, |pid| on_cpu(&pid.to_string())),
+        }
+    }
+
+    /// What was used since `before`: seconds of the window, and CPU seconds in all and
+    /// by whom (the rest is etcd, the kernel and anything else on the machine).
+    fn since(&self, before: &Cpu) -> Value {
+        let machine = self.machine - before.machine;
+        let apiserver = self.apiserver - before.apiserver;
+        let bench = self.bench - before.bench;
+        let manager = self.manager - before.manager;
+        json!({
+            "window_s": (self.at - before.at).as_secs_f64(),
+            "cores": std::thread::available_parallelism().map_or(1, |n| n.get()),
+            "machine_s": machine,
+            "apiserver_s": apiserver,
+            "manager_s": manager,
+            "bench_s": bench,
+            "rest_s": machine - apiserver - manager - bench,
+        })
     }
 }
 
@@ -404,6 +466,7 @@ async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> Created {
     let pods = count_pods(Api::namespaced(client.clone(), ns), n);
     let agents: Api<Agent> = Api::namespaced(client.clone(), ns);
     let finished = std::sync::atomic::AtomicBool::new(false);
+    let cpu_before = Cpu::now(client, Some(m.pid())).await;
     let t0 = Instant::now();
     let burst = async {
         create_all(
@@ -416,9 +479,11 @@ async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> Created {
             .expect("pods within 30 min")
             .unwrap();
         finished.store(true, Relaxed);
-        done
+        let cpu = Cpu::now(client, Some(m.pid())).await.since(&cpu_before);
+        (done, cpu)
     };
-    let (done, during) = tokio::join!(burst, changes_during(client, &other.name, &cp, &finished));
+    let ((done, cpu), during) =
+        tokio::join!(burst, changes_during(client, &other.name, &cp, &finished));
     let timed = per_object(&before, &api_requests(client).await, n);
     let mut last = api_requests(client).await;
     let mut quiet = Instant::now();
@@ -450,7 +515,7 @@ async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> Created {
         took: done - t0,
         timed,
         settled,
-        manager: json!({"rss_bytes": rss, "rss_peak_bytes": peak, "during": during}),
+        manager: json!({"rss_bytes": rss, "rss_peak_bytes": peak, "during": during, "cpu": cpu}),
     }
 }
 
@@ -530,7 +595,12 @@ async fn changes_during(
 
 /// Item 5's reference: the same number of pods, shaped like the manager's, created
 /// directly with the same concurrency.
-async fn direct_creates(client: &kube::Client, ns: &str, template: &Pod, n: usize) -> Duration {
+async fn direct_creates(
+    client: &kube::Client,
+    ns: &str,
+    template: &Pod,
+    n: usize,
+) -> (Duration, Value) {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let mut t = template.clone();
     t.metadata = Default::default();
@@ -544,13 +614,15 @@ async fn direct_creates(client: &kube::Client, ns: &str, template: &Pod, n: usiz
         })
         .collect();
     let counted = count_pods(api.clone(), n);
+    let cpu_before = Cpu::now(client, None).await;
     let t0 = Instant::now();
     create_all(&api, pods).await;
     let done = tokio::time::timeout(Duration::from_secs(1800), counted)
         .await
         .expect("pods within 30 min")
         .unwrap();
-    done - t0
+    let cpu = Cpu::now(client, None).await.since(&cpu_before);
+    (done - t0, cpu)
 }
 
 /// Item 2 and 4 (end to end): a fresh manager on a namespace holding `n` Agents and
@@ -927,7 +999,7 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
             let direct_ns = TestNamespace::new(&client, &format!("bench-direct-{n}")).await;
             eprintln!("creating {n} pods directly");
             let requests_before = api_requests(&client).await;
-            let direct = direct_creates(&client, &direct_ns.name, &template, n).await;
+            let (direct, direct_cpu) = direct_creates(&client, &direct_ns.name, &template, n).await;
             let direct_requests = per_object(&requests_before, &api_requests(&client).await, n);
             let row = json!({
                 "agents": n,
@@ -939,6 +1011,7 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
                 "requests_settled_per_agent": created.settled,
                 "manager_requests_settled_per_agent": managers_own(&created.settled),
                 "creating_manager": created.manager,
+                "direct_cpu": direct_cpu,
                 "requests_per_pod_direct": direct_requests,
             });
             eprintln!("throughput: {row}");

@@ -669,6 +669,31 @@ pub fn render(md: &str, files: &[String], before: &[String]) {
                 let total: f64 = v.as_object().into_iter().flatten().map(|(_, n)| f(n)).sum();
                 format!("{total:.1} in all: {}", items.join(", "))
             };
+            // Where the CPU went in each timed window: whether the machine was busy, and
+            // by whom.
+            let cpu = |c: &Value| -> String {
+                let window = f(&c["window_s"]);
+                let all = window * f(&c["cores"]);
+                format!(
+                    "{window:.1} s, {:.1} of {all:.1} core-seconds busy ({:.0} %): API server {:.1}, manager {:.1}, bench {:.1}, the rest (etcd, the kernel) {:.1}",
+                    f(&c["machine_s"]),
+                    100.0 * f(&c["machine_s"]) / all.max(1e-9),
+                    f(&c["apiserver_s"]),
+                    f(&c["manager_s"]),
+                    f(&c["bench_s"]),
+                    f(&c["rest_s"]),
+                )
+            };
+            let manager_cpu = &t["creating_manager"]["cpu"];
+            if manager_cpu.is_object() && t["direct_cpu"].is_object() {
+                let _ = writeln!(
+                    s,
+                    "\nCPU over the timed windows, {} Agents: manager run {}; direct run {}.",
+                    t["agents"],
+                    cpu(manager_cpu),
+                    cpu(&t["direct_cpu"])
+                );
+            }
             if t["requests_per_agent"].is_object() {
                 let _ = writeln!(
                     s,
