@@ -37,6 +37,7 @@
 #   AUTONOMIC_TESTBED_NODE_IP        [source address of the default route]
 #   AUTONOMIC_TESTBED_POD_CIDR       [10.241.0.0/24]  AUTONOMIC_TESTBED_SERVICE_CIDR [10.242.0.0/24]
 #   AUTONOMIC_TESTBED_TIMEOUT        seconds to wait for readiness [120]
+#   AUTONOMIC_TESTBED_ETCD_QUOTA_BYTES  etcd's backend quota [etcd's own, 2 GiB]
 #   AUTONOMIC_TESTBED_KEEP_ON_FAILURE=1  leave components running after a failed up
 #   AUTONOMIC_TESTBED_APISERVER_ARGS extra kube-apiserver flags, space-separated
 #   KUBEBUILDER_ASSETS               dir with etcd, kube-apiserver (and kubectl)
@@ -64,6 +65,7 @@ SERVICE_CIDR="${AUTONOMIC_TESTBED_SERVICE_CIDR:-10.242.0.0/24}"
 BRIDGE="${AUTONOMIC_TESTBED_BRIDGE:-autonomic-tb0}"
 DUMMY_IF="autonomic-tbd0"
 TIMEOUT="${AUTONOMIC_TESTBED_TIMEOUT:-120}"
+ETCD_QUOTA_BYTES="${AUTONOMIC_TESTBED_ETCD_QUOTA_BYTES:-}"
 
 PKI="${STATE}/pki"
 LOGS="${STATE}/logs"
@@ -339,6 +341,7 @@ start_etcd() {
         --initial-advertise-peer-urls "http://127.0.0.1:${ETCD_PEER_PORT}" \
         --initial-cluster "testbed=http://127.0.0.1:${ETCD_PEER_PORT}" \
         --initial-cluster-state new \
+        ${ETCD_QUOTA_BYTES:+--quota-backend-bytes "$ETCD_QUOTA_BYTES"} \
         --log-level warn
 }
 

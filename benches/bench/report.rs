@@ -23,6 +23,11 @@ fn sh(cmd: &str, args: &[&str]) -> String {
 
 /// The commit measured, as the results files record it when the run starts (rendering
 /// later, e.g. after a merge, must not name another commit).
+/// The date and time, to the minute, in UTC.
+pub fn now() -> String {
+    sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
+}
+
 pub fn commit() -> String {
     let dirty = if sh(
         "git",
@@ -68,11 +73,7 @@ fn machine(kubernetes: &str, args: &str, commit: &str) -> String {
     let _ = writeln!(s, "| Kernel | {} |", sh("uname", &["-r"]));
     let _ = writeln!(s, "| Kubernetes | {kubernetes} |");
     let _ = writeln!(s, "| Commit | {commit} |");
-    let _ = writeln!(
-        s,
-        "| Date | {} |",
-        sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
-    );
+    let _ = writeln!(s, "| Date | {} |", now());
     let _ = writeln!(s, "| Command | `scripts/bench{args}` |");
     s
 }
@@ -586,6 +587,7 @@ pub fn render(md: &str, files: &[String], before: &[String]) {
             );
         }
     }
+    huge(&mut s, get("huge"));
 
     // --- memory by object count
     let _ = writeln!(
@@ -742,4 +744,82 @@ fn seconds(runs: &[Value], key: &str) -> String {
         v[v.len() - 1] / 1000.0,
         v.len()
     )
+}
+
+/// Rows 17-20 (issue 25): the `--huge` run, with the commit and date it ran at (it runs
+/// alone, not with the rest).
+fn huge(s: &mut String, h: &Value) {
+    if !h.is_object() {
+        let _ = writeln!(
+            s,
+            "| 17-20 | 100 000 Agents with their pods and Secrets | not run: `scripts/bench --huge` | | | | |"
+        );
+        return;
+    }
+    let n = &h["agents"];
+    let created = &h["created"];
+    let during = &created["manager"]["during"];
+    let pods: Vec<f64> = during["pod_ms"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(f)
+        .collect();
+    let fairness = if pods.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; meanwhile another namespace's new Agents → their pods: median {:.0} ms, max {:.0} ms ({} of them)",
+            crate::quantile(&pods, 0.5),
+            crate::quantile(&pods, 1.0),
+            pods.len()
+        )
+    };
+    let own_peak = f(&created["manager"]["rss_peak_bytes"]);
+    let _ = writeln!(
+        s,
+        "| 17 | {n} Agents created at once, one manager making their pods and Secrets (`scripts/bench --huge` at `{}`, {}) | all pods after {:.0} s; the manager's peak {} ({:.0} MiB){fairness} | | | | |",
+        h["commit"].as_str().unwrap_or("?"),
+        h["date"].as_str().unwrap_or("?"),
+        f(&created["manager_s"]),
+        mb(own_peak),
+        own_peak / 1048576.0,
+    );
+    let fresh = &h["fresh"];
+    let start = f(&fresh["snapshot_after_start_ms"]) / 1000.0;
+    let snapshot = f(&fresh["snapshot_bytes"]);
+    let _ = writeln!(
+        s,
+        "| 18 | A fresh manager with {n} Agents + pods + Secrets: start → first snapshot at the control plane (the API server settled first) | {start:.1} s (hello → snapshot {:.1} s); the snapshot one message of {} | | | ≤ 15 s | {} |",
+        f(&fresh["snapshot_after_hello_ms"]) / 1000.0,
+        mb(snapshot),
+        met(start <= 15.0)
+    );
+    let (peak, steady) = (f(&fresh["rss_peak_bytes"]), f(&fresh["rss_steady_bytes"]));
+    let _ = writeln!(
+        s,
+        "| 19 | Its memory | peak {} ({:.0} MiB) / steady {} (steady + the snapshot's text: {}) | | | ≤ 384 MiB and ≤ steady + one snapshot's text (peak) | {} |",
+        mb(peak),
+        peak / 1048576.0,
+        mb(steady),
+        mb(steady + snapshot),
+        met(peak <= 384.0 * 1048576.0 && peak <= steady + snapshot)
+    );
+    let fo = &h["failover"];
+    let t = f(&fo["exit_to_snapshot_ms"]) / 1000.0;
+    let _ = writeln!(
+        s,
+        "| 20 | A failover with {n} Agents: the leader stopped (SIGTERM) → the standby's first snapshot | {t:.1} s | | | ≤ 20 s | {} |",
+        met(t <= 20.0)
+    );
+    let d = &h["delta"];
+    let p99 = f(&d["manager_p99_ms"]);
+    let _ = writeln!(
+        s,
+        "| 20b | Delta latency in steady state at {n} Agents ({} changes, one at a time) | p50 {:.1} ms / p99 {p99:.1} ms | plain watch p99 {:.1} ms | | p99 ≤ 150 ms | {} |",
+        d["changes"],
+        f(&d["manager_p50_ms"]),
+        f(&d["raw_p99_ms"]),
+        met(p99 <= 150.0)
+    );
 }

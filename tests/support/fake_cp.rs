@@ -461,15 +461,26 @@ impl FakeCp {
     /// `pred` holds, polling until there is one. Filter on `conn` or `at` to wait for a
     /// later one. Panics after [`FRAME_WAIT`] naming `what` and the frames seen.
     pub async fn wait_frame(&self, what: &str, pred: impl Fn(&Received) -> bool) -> Received {
+        self.wait_frame_within(what, FRAME_WAIT, pred).await
+    }
+
+    /// [`wait_frame`](Self::wait_frame) with a wait of its own (a benchmark's start at
+    /// 100 000 Agents takes longer than [`FRAME_WAIT`]).
+    pub async fn wait_frame_within(
+        &self,
+        what: &str,
+        within: Duration,
+        pred: impl Fn(&Received) -> bool,
+    ) -> Received {
         // Real time: a paused test clock must neither stall nor shorten the wait.
-        let deadline = Instant::now() + FRAME_WAIT;
+        let deadline = Instant::now() + within;
         loop {
             if let Some(f) = self.inner.state().frames.iter().find(|f| pred(f)) {
                 return f.clone();
             }
             if Instant::now() >= deadline {
                 panic!(
-                    "fake control plane: no frame for {what:?} within {FRAME_WAIT:?}; \
+                    "fake control plane: no frame for {what:?} within {within:?}; \
                      frames seen (conn:type): [{}]; upgrades accepted {} of {}",
                     summarize(&self.frames()),
                     self.accepted(),
