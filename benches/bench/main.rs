@@ -915,6 +915,7 @@ async fn huge(n: usize) -> Value {
     let created = manager_creates(&client, &ns.name, n).await;
     let (fresh, m, cp) = footprint_runs(&client, &ns.name, n, 1).await;
     cp.wait_frame("snapshot", |f| is_type(f, "snapshot")).await;
+    let lists = plain_lists(&client, &ns.name).await;
     let delta = delta_latency(&client, &ns.name, &cp, 200).await;
     drop(m);
     drop(cp);
@@ -929,10 +930,60 @@ async fn huge(n: usize) -> Value {
             "manager": created.manager,
         },
         "fresh": fresh,
+        "plain_lists": lists,
         "delta": delta,
         "failover": failover,
     });
     json!({ "huge": out })
+}
+
+/// Row 18's reference: the two lists a start waits for, asked the way the manager asks
+/// them (`store::list`: the Agents whole from the API server's watch cache, the pods in
+/// pages of 500 from etcd), side by side, by a plain client that reads each body whole
+/// and decodes nothing but a page's `continue`. The time is the API server's serving
+/// and the transfer, with none of the manager's work.
+async fn plain_lists(client: &kube::Client, ns: &str) -> Value {
+    #[derive(serde::Deserialize)]
+    struct Page {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta,
+    }
+    let list = async |path: String, paged: bool| -> (Duration, usize) {
+        let t0 = Instant::now();
+        let mut bytes = 0;
+        let mut token: Option<String> = None;
+        loop {
+            let mut lp = kube::api::ListParams::default();
+            if paged {
+                lp = lp.limit(500);
+                lp.continue_token = token.take();
+            } else {
+                lp = lp.match_any();
+            }
+            let req = kube::core::Request::new(&path).list(&lp).unwrap();
+            let text = client.request_text(req).await.expect("list");
+            bytes += text.len();
+            let page: Page = serde_json::from_str(&text).expect("a list");
+            token = page.metadata.continue_.filter(|c| !c.is_empty());
+            if token.is_none() {
+                return (t0.elapsed(), bytes);
+            }
+        }
+    };
+    let ((agents, agent_bytes), (pods, pod_bytes)) = tokio::join!(
+        list(
+            format!("/apis/autonomic.sh/v1alpha1/namespaces/{ns}/agents"),
+            false
+        ),
+        list(format!("/api/v1/namespaces/{ns}/pods"), true),
+    );
+    let out = json!({
+        "agents_ms": ms(agents),
+        "agents_bytes": agent_bytes,
+        "pods_ms": ms(pods),
+        "pods_bytes": pod_bytes,
+    });
+    eprintln!("plain lists: {out}");
+    out
 }
 
 /// Items 12 and 12b alone, for work on the start: `runs` fresh managers, one after the other, over
