@@ -879,6 +879,13 @@ async fn failover(ns: &str, n: usize) -> Value {
     .await;
     let b = replica("b");
     b.wait_ready().await;
+    // The leader still on its first connection, or the figure would time something else
+    // (at 100 000 Agents a leader once lost its Lease on its own while the standby started).
+    let conns = cp.accepted();
+    assert_eq!(
+        conns, 1,
+        "the leader reconnected or was replaced before it was stopped"
+    );
     let stop = Instant::now();
     a.stop("TERM");
     let exited = Instant::now();
