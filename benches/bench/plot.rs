@@ -229,8 +229,22 @@ pub fn memory(footprints: &[Value]) -> Option<Chart> {
                     .map(|f| mib(f, "rss_steady_bytes"))
                     .collect(),
             },
+            // The chart's rule for `limits.memory` (values.yaml, docs/design.md).
+            Series {
+                name: "sizing rule: 8 MiB + 8 KiB per Agent".into(),
+                points: footprints
+                    .iter()
+                    .map(|f| (num(&f["agents"]), 8.0 + num(&f["agents"]) * 8.0 / 1024.0))
+                    .collect(),
+            },
         ],
-        goal: Some((64.0, "goal: 64 MiB at 10 000 Agents".into())),
+        goal: Some(
+            if footprints.iter().any(|f| num(&f["agents"]) >= 100_000.0) {
+                (384.0, "goal: 384 MiB at 100 000 Agents".into())
+            } else {
+                (48.0, "goal: 48 MiB at 10 000 Agents".into())
+            },
+        ),
         y_top: None,
     })
 }

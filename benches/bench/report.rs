@@ -715,7 +715,12 @@ pub fn render(md: &str, files: &[String], before: &[String]) {
     for file in before {
         before_after(&mut s, &load(&[file.to_owned()]), &r, &format!("`{file}`"));
     }
-    pictures(&mut s, &footprints, &get("delta")["result"], get("shell"));
+    // The memory curve runs on to the `--huge` run's fresh manager.
+    let mut curve = footprints.clone();
+    if get("huge")["fresh"].is_object() {
+        curve.push(get("huge")["fresh"].clone());
+    }
+    pictures(&mut s, &curve, &get("delta")["result"], get("shell"));
     let _ = writeln!(
         s,
         "\nRaw results: `{}`. MB = 10^6 bytes.",
