@@ -743,7 +743,7 @@ children_of() {
 our_shims() {
     local p cmd
     for p in /proc/[0-9]*; do
-        cmd="$(tr '\0' ' ' <"${p}/cmdline" 2>/dev/null || true)"
+        cmd="$(tr '\0' ' ' 2>/dev/null <"${p}/cmdline" || true)"
         [[ "$cmd" == *containerd-shim* && "$cmd" == *"-address ${CTRD_SOCK} "* ]] && printf '%s\n' "${p#/proc/}"
     done
     return 0
