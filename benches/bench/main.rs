@@ -257,6 +257,39 @@ fn rss(pid: u32) -> Option<(u64, u64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// When a watch's channel of `(what, instant)` first brought `want`, waited for up to
+/// `within`.
+async fn seen(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(String, Instant)>,
+    want: &str,
+    within: Duration,
+) -> Instant {
+    loop {
+        let (what, at) = tokio::time::timeout(within, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{want} seen within {within:?}"))
+            .expect("watch running");
+        if what == want {
+            return at;
+        }
+    }
+}
+
+/// The first `delta` at the control plane since `since` with a change whose resource
+/// `matches`.
+async fn delta_with(cp: &FakeCp, since: Instant, matches: impl Fn(&Value) -> bool) -> Received {
+    cp.wait_frame("a delta with the change", |f| {
+        f.at >= since
+            && is_type(f, "delta")
+            && f.json().unwrap()["changes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| matches(&c["resource"]))
+    })
+    .await
+}
+
 fn is_type(r: &Received, t: &str) -> bool {
     r.frame_type() == Some(t)
 }
@@ -582,26 +615,8 @@ async fn changes_during(
             .create(&PostParams::default(), &agent_object(&name))
             .await
             .expect("create an Agent in the other namespace");
-        let pod_at = loop {
-            let (seen, at) = tokio::time::timeout(Duration::from_secs(1800), rx.recv())
-                .await
-                .expect("its pod within 30 min")
-                .expect("watch running");
-            if seen == name {
-                break at;
-            }
-        };
-        let delta = cp
-            .wait_frame("delta with the new Agent", |f| {
-                f.at >= t0
-                    && is_type(f, "delta")
-                    && f.json().unwrap()["changes"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|c| c["resource"]["name"] == name.as_str())
-            })
-            .await;
+        let pod_at = seen(&mut rx, &name, Duration::from_secs(1800)).await;
+        let delta = delta_with(cp, t0, |r| r["name"] == name.as_str()).await;
         pod_ms.push(ms(pod_at - t0));
         delta_ms.push(ms(delta.at - t0));
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -749,29 +764,11 @@ async fn delta_latency(client: &kube::Client, ns: &str, cp: &FakeCp, changes: us
         api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .expect("patch");
-        let seen = loop {
-            let (s, at) = tokio::time::timeout(Duration::from_secs(30), rx.recv())
-                .await
-                .expect("watch event within 30 s")
-                .expect("watch running");
-            if s == seq {
-                break at;
-            }
-        };
-        let delta = cp
-            .wait_frame("delta with the patch", |f| {
-                f.at >= since
-                    && is_type(f, "delta")
-                    && f.json().unwrap()["changes"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|c| {
-                            c["resource"]["name"] == name
-                                && c["resource"]["labels"]["bench-seq"] == seq.as_str()
-                        })
-            })
-            .await;
+        let seen = seen(&mut rx, &seq, Duration::from_secs(30)).await;
+        let delta = delta_with(cp, since, |r| {
+            r["name"] == name && r["labels"]["bench-seq"] == seq.as_str()
+        })
+        .await;
         raw.push(ms(seen - t0));
         manager.push(ms(delta.at - t0));
     }
