@@ -215,7 +215,11 @@ fn managed_env(cp: &FakeCp) -> Vec<(&'static str, String)> {
 }
 
 fn start_manager(ns: &str, cp: &FakeCp) -> Manager {
-    let env = managed_env(cp);
+    start_with(ns, &managed_env(cp))
+}
+
+/// The manager watching `ns` (unless `env` names its namespaces), with `env`.
+fn start_with(ns: &str, env: &[(&'static str, String)]) -> Manager {
     let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     Manager::start(ns, &pairs)
 }
@@ -353,13 +357,12 @@ async fn scrape(client: &kube::Client) -> prometheus_parse::Scrape {
 /// garbage collection, its watchers' queues) must not be timed as the manager's start,
 /// which a real cluster meets settled. Returns how long it took.
 async fn settle(client: &kube::Client) -> Duration {
-    let cpu = async || apiserver_cpu(client).await;
     let t0 = Instant::now();
     let window = Duration::from_secs(2);
     loop {
-        let before = cpu().await;
+        let before = apiserver_cpu(client).await;
         tokio::time::sleep(window).await;
-        let used = cpu().await - before;
+        let used = apiserver_cpu(client).await - before;
         if used < 0.2 * window.as_secs_f64() || t0.elapsed() > Duration::from_secs(120) {
             eprintln!(
                 "API server settled after {:?} ({used:.2} CPU s in the last 2 s)",
@@ -513,8 +516,7 @@ async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> Created {
     let other = TestNamespace::new(client, "bench-other").await;
     let mut env = managed_env(&cp);
     env.push(("AUTONOMIC_NAMESPACES", format!("{ns},{}", other.name)));
-    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let m = Manager::start(ns, &pairs);
+    let m = start_with(ns, &env);
     m.wait_ready().await;
     let before = api_requests(client).await;
     let pods = count_pods(Api::namespaced(client.clone(), ns), n);
