@@ -97,7 +97,8 @@ fn main() {
             "shell" => shell().await,
             "burst" => {
                 let n = arg("--agents").map_or(BURST, |s| s.parse().expect("--agents"));
-                burst(n, args.iter().any(|a| a == "--hollow")).await
+                let runs = arg("--runs").map_or(1, |s| s.parse().expect("--runs"));
+                burst(n, args.iter().any(|a| a == "--hollow"), runs).await
             }
             "first-snapshot" => {
                 let n = arg("--agents").map_or(10_000, |s| s.parse().expect("--agents"));
@@ -509,7 +510,12 @@ fn managers_own(per_agent: &Value) -> f64 {
 /// running; the time until their `n` pods exist, and the API server's counters when
 /// that time was taken and once the manager is done (no counter moved for 3 s: the
 /// status writes and Events that follow the pods are counted too).
-async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> Created {
+async fn manager_creates(
+    client: &kube::Client,
+    ns: &str,
+    range: std::ops::Range<usize>,
+) -> Created {
+    let n = range.end;
     let cp = control_plane().await;
     // A second namespace the same manager watches: another tenant, with one change at a
     // time while the burst goes on.
@@ -527,7 +533,10 @@ async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> Created {
     let burst = async {
         create_all(
             &agents,
-            (0..n).map(|i| agent_object(&format!("a-{i}"))).collect(),
+            range
+                .clone()
+                .map(|i| agent_object(&format!("a-{i}")))
+                .collect(),
         )
         .await;
         let done = tokio::time::timeout(Duration::from_secs(1800), pods)
@@ -541,7 +550,7 @@ async fn manager_creates(client: &kube::Client, ns: &str, n: usize) -> Created {
     let ((done, cpu), during) =
         tokio::join!(burst, changes_during(client, &other.name, &cp, &finished));
     // The other namespace's Agents cost what the burst's do: they are counted with them.
-    let made = n + during["changes"].as_u64().unwrap_or(0) as usize;
+    let made = range.len() + during["changes"].as_u64().unwrap_or(0) as usize;
     let timed = per_object(&before, &api_requests(client).await, made);
     let mut last = api_requests(client).await;
     let mut quiet = Instant::now();
@@ -671,8 +680,9 @@ async fn direct_creates(
 async fn footprint(ns: &str, n: usize) -> (Value, Manager, FakeCp) {
     let cp = control_plane().await;
     // The chart's identity (RBAC applied, a token asked) is made once per namespace and
-    // process: not in the time of a start.
-    support::chart_identity(ns, &[ns]);
+    // process: not in the time of a start. It is the managed chart's, the one
+    // `start_manager` asks for: another rendering would be made again inside the timing.
+    support::managed_chart_identity(ns, &[ns]);
     let started = Instant::now();
     let m = start_manager(ns, &cp);
     let pid = m.pid();
@@ -910,8 +920,10 @@ async fn failover(ns: &str, n: usize) -> Value {
     out
 }
 
-/// `--huge` (issue 25, rows 17-20): `n` Agents made by one manager in one burst (its
-/// time, requests and peak, and another namespace's changes meanwhile), then a fresh
+/// `--huge` (issue 25, rows 17-20): `n` Agents made in two bursts, each by a manager of
+/// its own (its time, requests and peak, and another namespace's changes meanwhile):
+/// three tenths, on which a fresh manager is measured (the memory curve's 30 000), then
+/// the rest, the manager starting on the first part. Then a fresh
 /// manager on them once the API server settled (start → first snapshot, peak and steady
 /// RSS, the snapshot's size), deltas in steady state (200 label changes, one at a time),
 /// and a failover between two replicas. Nothing is compared with direct creation: it
@@ -919,8 +931,19 @@ async fn failover(ns: &str, n: usize) -> Value {
 async fn huge(n: usize) -> Value {
     let client = support::client().await;
     let ns = TestNamespace::new(&client, &format!("bench-{n}")).await;
-    eprintln!("creating {n} Agents with the manager running");
-    let created = manager_creates(&client, &ns.name, n).await;
+    // The memory curve's point on the way (30 000 of 100 000): a fresh manager on the
+    // first part, then the rest made by another manager.
+    let part = n * 3 / 10;
+    eprintln!("creating {part} of {n} Agents with the manager running");
+    let first = manager_creates(&client, &ns.name, 0..part).await;
+    let (at_part, m, cp) = footprint_runs(&client, &ns.name, part, 1).await;
+    drop(m);
+    drop(cp);
+    eprintln!(
+        "creating the other {} Agents with the manager running",
+        n - part
+    );
+    let created = manager_creates(&client, &ns.name, part..n).await;
     let (fresh, m, cp) = footprint_runs(&client, &ns.name, n, 1).await;
     cp.wait_frame("snapshot", |f| is_type(f, "snapshot")).await;
     let lists = plain_lists(&client, &ns.name).await;
@@ -933,10 +956,14 @@ async fn huge(n: usize) -> Value {
         "date": report::now(),
         "agents": n,
         "created": {
+            "first": part,
+            "first_s": first.took.as_secs_f64(),
+            "first_manager": first.manager,
             "manager_s": created.took.as_secs_f64(),
             "requests_per_agent": created.timed,
             "manager": created.manager,
         },
+        "curve": [at_part],
         "fresh": fresh,
         "plain_lists": lists,
         "delta": delta,
@@ -1007,7 +1034,7 @@ async fn first_snapshot(n: usize, runs: usize, ns: Option<String>) -> Value {
                 "creating {n} Agents with the manager running in {}",
                 made.name
             );
-            manager_creates(&client, &made.name, n).await;
+            manager_creates(&client, &made.name, 0..n).await;
             let name = made.name.clone();
             std::mem::forget(made);
             name
@@ -1107,7 +1134,7 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
         let ns = TestNamespace::new(&client, &format!("bench-{n}")).await;
         if n > 0 {
             eprintln!("creating {n} Agents with the manager running");
-            let created = manager_creates(&client, &ns.name, n).await;
+            let created = manager_creates(&client, &ns.name, 0..n).await;
             let managed = created.took;
             let pods: Api<Pod> = ns.api();
             let template = pods.get("a-0").await.unwrap();
@@ -1444,10 +1471,12 @@ fn agent_active(a: &Agent) -> bool {
         .is_some_and(|s| s.phase == Some(autonomic_manager::crd::AgentPhase::Active))
 }
 
-/// Deletes every object of `api` and waits until their pods are gone, so the next run
-/// starts on an empty node.
+/// Deletes every Agent and pod of `ns` and waits until the pods and the Agents' Secrets
+/// are gone, so the next run starts on an empty node and the manager makes every Secret
+/// anew.
 async fn empty(client: &kube::Client, ns: &str) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), ns);
     let agents: Api<Agent> = Api::namespaced(client.clone(), ns);
     let all = Default::default();
     let _ = agents
@@ -1455,8 +1484,21 @@ async fn empty(client: &kube::Client, ns: &str) {
         .await;
     let _ = pods.delete_collection(&DeleteParams::default(), &all).await;
     let deadline = Instant::now() + Duration::from_secs(600);
-    while !pods.list(&all).await.expect("list pods").items.is_empty() {
-        assert!(Instant::now() < deadline, "pods of {ns} not gone in 10 min");
+    let owned = async || {
+        let listed = secrets
+            .list(&Default::default())
+            .await
+            .expect("list Secrets");
+        listed
+            .items
+            .iter()
+            .any(|s| s.metadata.owner_references.is_some())
+    };
+    while !pods.list(&all).await.expect("list pods").items.is_empty() || owned().await {
+        assert!(
+            Instant::now() < deadline,
+            "pods or Agents' Secrets of {ns} not gone in 10 min"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
@@ -1498,8 +1540,9 @@ async fn on_nodes(api: &Api<Pod>, hollow: bool) {
 /// same number of bare pods shaped like theirs (config Secret volume included) until all
 /// are `Running`, in the same run. The bare pods go first, then the Agents, each on empty
 /// nodes: the bed's real node, or (`hollow`) the hollow nodes scripts/bench adds with the
-/// real node cordoned, where a pod runs without a process (kubemark's kubelet).
-async fn burst(n: usize, hollow: bool) -> Value {
+/// real node cordoned, where a pod runs without a process (kubemark's kubelet). `runs`
+/// pairs, one after the other on the same manager; each run's figures and their medians.
+async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
     let client = support::client().await;
     support::require_node();
     let ns = TestNamespace::new(&client, "bench-burst").await;
@@ -1522,7 +1565,7 @@ async fn burst(n: usize, hollow: bool) -> Value {
 
     // Bare pods: each with a Secret of its own (a copy of the config Secret), created
     // first, untimed, as the manager's Secrets are part of its work but a bare pod's
-    // author would have them already.
+    // author would have them already. Made once: every run's bare pods mount them.
     let copies: Vec<_> = (0..n)
         .map(|i| {
             let mut s = k8s_openapi::api::core::v1::Secret {
@@ -1535,46 +1578,63 @@ async fn burst(n: usize, hollow: bool) -> Value {
         })
         .collect();
     create_all(&secrets, copies).await;
-    let bare: Vec<Pod> = (0..n)
-        .map(|i| {
-            let mut p = template.clone();
-            p.metadata = Default::default();
-            p.metadata.name = Some(format!("d-{i}"));
-            p.status = None;
-            let spec = p.spec.as_mut().unwrap();
-            spec.node_name = None;
-            for v in spec.volumes.iter_mut().flatten() {
-                if let Some(s) = v
-                    .secret
-                    .as_mut()
-                    .filter(|s| s.secret_name.as_deref() == Some("warm-agent"))
-                {
-                    s.secret_name = Some(format!("d-{i}-config"));
+    let mut each = Vec::new();
+    for run in 1..=runs {
+        let bare: Vec<Pod> = (0..n)
+            .map(|i| {
+                let mut p = template.clone();
+                p.metadata = Default::default();
+                p.metadata.name = Some(format!("d-{i}"));
+                p.status = None;
+                let spec = p.spec.as_mut().unwrap();
+                spec.node_name = None;
+                for v in spec.volumes.iter_mut().flatten() {
+                    if let Some(s) = v
+                        .secret
+                        .as_mut()
+                        .filter(|s| s.secret_name.as_deref() == Some("warm-agent"))
+                    {
+                        s.secret_name = Some(format!("d-{i}-config"));
+                    }
                 }
-            }
-            p
-        })
-        .collect();
-    let running = count_where(pods.clone(), n, pod_running);
-    let direct = created_until(&pods, bare, running, "bare pods Running").await;
-    eprintln!("burst: {n} bare pods Running in {direct:?}");
-    on_nodes(&pods, hollow).await;
-    empty(&client, &ns.name).await;
+                p
+            })
+            .collect();
+        let running = count_where(pods.clone(), n, pod_running);
+        let direct = created_until(&pods, bare, running, "bare pods Running").await;
+        eprintln!("burst: {n} bare pods Running in {direct:?}");
+        on_nodes(&pods, hollow).await;
+        empty(&client, &ns.name).await;
 
-    let active = count_where(agents.clone(), n, agent_active);
-    let objs = (0..n).map(|i| agent_object(&format!("a-{i}"))).collect();
-    let managed = created_until(&agents, objs, active, "Agents Active").await;
-    eprintln!("burst: {n} Agents Active in {managed:?}");
-    on_nodes(&pods, hollow).await;
-    empty(&client, &ns.name).await;
+        let active = count_where(agents.clone(), n, agent_active);
+        let objs = (0..n).map(|i| agent_object(&format!("a-{i}"))).collect();
+        let managed = created_until(&agents, objs, active, "Agents Active").await;
+        eprintln!("burst: {n} Agents Active in {managed:?}");
+        on_nodes(&pods, hollow).await;
+        empty(&client, &ns.name).await;
+        each.push(
+            json!({"direct_s": direct.as_secs_f64(), "manager_s": managed.as_secs_f64(),
+            "ratio": managed.as_secs_f64() / direct.as_secs_f64()}),
+        );
+        eprintln!(
+            "burst: run {run} of {runs}: ratio {:.2}",
+            managed.as_secs_f64() / direct.as_secs_f64()
+        );
+    }
     drop(m);
     let key = if hollow { "burst_hollow" } else { "burst" };
+    let of = |k: &str| -> Vec<f64> {
+        each.iter()
+            .map(|r| r[k].as_f64().unwrap_or(f64::NAN))
+            .collect()
+    };
     json!({key: {
         "agents": n,
         "hollow_nodes": hollow,
         "concurrency": CONCURRENCY,
-        "direct_s": direct.as_secs_f64(),
-        "manager_s": managed.as_secs_f64(),
-        "ratio": managed.as_secs_f64() / direct.as_secs_f64(),
+        "direct_s": median(&of("direct_s")),
+        "manager_s": median(&of("manager_s")),
+        "ratio": median(&of("ratio")),
+        "runs": each,
     }})
 }
