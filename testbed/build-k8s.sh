@@ -13,7 +13,8 @@
 #  - vendored reflect2 v1.0.1 crashes under Go 1.19 -> replaced by Debian's v1.0.2,
 #  - cAdvisor's docker retry (5 x 1 s at every kubelet start) is shortened,
 #  - kubelet's status-manager sync tick is cut from 10 s to 1 s (a deleted pod's
-#    object went away only on that tick, 5-12 s after its containers exited).
+#    object went away only on that tick, 5-12 s after its containers exited),
+#  - kubemark's fake OS gets a lock (a hollow kubelet crashed on concurrent map writes).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -143,6 +144,22 @@ if grep -qx 'const syncPeriod = 10 \* time\.Second' "$sm"; then
 fi
 grep -qx 'const syncPeriod = 1 \* time\.Second' "$sm" ||
     die "kubelet status manager patch failed: no 'const syncPeriod = 10 * time.Second' in $sm"
+
+# kubemark's hollow kubelet runs the kubelet's pod workers over a fake OS whose Create,
+# Remove and RemoveAll write a map and slices unguarded: two containers starting at
+# once on one hollow node crashed it ("fatal error: concurrent map writes", in
+# FakeOS.Create from makeMounts) 10 minutes into a burst of 1 000, and its pods'
+# containers went to CrashLoopBackOff. One lock for the three, as upstream later did.
+fake_os="${SRC}/pkg/kubelet/container/testing/os.go"
+if ! grep -q 'fakeOSLock.Lock()' "$fake_os"; then
+    printf 'package testing\n\nimport "sync"\n\n// fakeOSLock guards FakeOS: the hollow kubelet calls it from many goroutines.\nvar fakeOSLock sync.Mutex\n' \
+        >"${SRC}/pkg/kubelet/container/testing/os_lock.go"
+    for f in 'Remove(path string) error' 'RemoveAll(path string) error' 'Create(path string) (\*os.File, error)'; do
+        sed -i "s/^func (f \*FakeOS) ${f} {\$/&\n\tfakeOSLock.Lock()\n\tdefer fakeOSLock.Unlock()/" "$fake_os"
+    done
+fi
+[[ "$(grep -c 'fakeOSLock.Lock()' "$fake_os")" == 3 && -f "${SRC}/pkg/kubelet/container/testing/os_lock.go" ]] ||
+    die "FakeOS lock patch failed: Create, Remove and RemoveAll of $fake_os not as expected"
 
 # ---------------------------------------------------------------- build
 ldflags="-s -w"

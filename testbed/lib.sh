@@ -116,7 +116,8 @@ EOF
 # build (stamp file ${K8S_BIN_DIR}/.<binary>.patch-level, missing = 0) is then
 # stale and only that binary is rebuilt.
 #   kubelet 1: status manager syncPeriod 10 s -> 1 s (kubemark's hollow kubelet too)
-declare -gA K8S_PATCH_LEVEL=([kubelet]=1 [kubemark]=1)
+#   kubemark 2: FakeOS's Create, Remove and RemoveAll under one lock
+declare -gA K8S_PATCH_LEVEL=([kubelet]=1 [kubemark]=2)
 
 # Whether binary $1 is built and carries the current patch level.
 k8s_binary_current() {

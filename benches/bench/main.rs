@@ -1504,11 +1504,14 @@ async fn empty(client: &kube::Client, ns: &str) {
 }
 
 /// Creates `objs` at once and waits (30 min at most) for `reached`, a count already
-/// watching: the time from the first create until the count reached its target.
+/// watching: the time from the first create until the count reached its target. Every
+/// 10 s meanwhile, every node `nodes` lists must be Ready: a node
+/// lost (a hollow kubelet that crashed) voids the run, which then stops at once.
 async fn created_until<K>(
     api: &Api<K>,
     objs: Vec<K>,
-    reached: tokio::task::JoinHandle<Instant>,
+    mut reached: tokio::task::JoinHandle<Instant>,
+    nodes: &Api<k8s_openapi::api::core::v1::Node>,
     what: &str,
 ) -> Duration
 where
@@ -1516,11 +1519,35 @@ where
 {
     let t0 = Instant::now();
     create_all(api, objs).await;
-    tokio::time::timeout(Duration::from_secs(1800), reached)
-        .await
-        .unwrap_or_else(|_| panic!("{what} within 30 min"))
-        .unwrap()
-        - t0
+    let deadline = t0 + Duration::from_secs(1800);
+    loop {
+        tokio::select! {
+            at = &mut reached => return at.unwrap() - t0,
+            () = tokio::time::sleep(Duration::from_secs(10)) => {}
+        }
+        assert!(Instant::now() < deadline, "{what} within 30 min");
+        all_ready(nodes).await;
+    }
+}
+
+/// Asserts that every node `nodes` lists is Ready, naming those that are not.
+async fn all_ready(nodes: &Api<k8s_openapi::api::core::v1::Node>) {
+    let listed = nodes.list(&Default::default()).await.expect("list nodes");
+    let lost: Vec<String> = listed
+        .items
+        .iter()
+        .filter(|n| {
+            !n.status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+        .map(ResourceExt::name_any)
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "nodes not Ready: {lost:?}; the run is void (a hollow node's log: the bed's logs/hollow-N.log)"
+    );
 }
 
 /// Asserts that every pod of `api` ran on a hollow node, or on none (the burst's two beds).
@@ -1546,6 +1573,10 @@ async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
     let client = support::client().await;
     support::require_node();
     let ns = TestNamespace::new(&client, "bench-burst").await;
+    // Every node of the bed, the hollow ones and the real one (cordoned or not), Ready
+    // throughout.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    all_ready(&nodes).await;
     let cp = FakeCp::start().await;
     let m = start_manager(&ns.name, &cp);
     m.wait_ready().await;
@@ -1601,14 +1632,14 @@ async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
             })
             .collect();
         let running = count_where(pods.clone(), n, pod_running);
-        let direct = created_until(&pods, bare, running, "bare pods Running").await;
+        let direct = created_until(&pods, bare, running, &nodes, "bare pods Running").await;
         eprintln!("burst: {n} bare pods Running in {direct:?}");
         on_nodes(&pods, hollow).await;
         empty(&client, &ns.name).await;
 
         let active = count_where(agents.clone(), n, agent_active);
         let objs = (0..n).map(|i| agent_object(&format!("a-{i}"))).collect();
-        let managed = created_until(&agents, objs, active, "Agents Active").await;
+        let managed = created_until(&agents, objs, active, &nodes, "Agents Active").await;
         eprintln!("burst: {n} Agents Active in {managed:?}");
         on_nodes(&pods, hollow).await;
         empty(&client, &ns.name).await;
