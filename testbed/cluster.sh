@@ -984,6 +984,16 @@ cmd_compact() {
 
 hollow_pids() { ls "${PIDS}"/hollow-*.pid 2>/dev/null | sed 's|.*/\(hollow-[0-9]*\)\.pid$|\1|'; }
 
+# Each hollow node's Ready condition and taints, one line each.
+hollow_states() {
+    api_get "/api/v1/nodes?labelSelector=autonomic.test/hollow%3Dtrue" | python3 -c '
+import json, sys
+for n in json.load(sys.stdin)["items"]:
+    ready = {c["type"]: c["status"] for c in n["status"].get("conditions", [])}.get("Ready")
+    taints = [t["key"] for t in n["spec"].get("taints", [])]
+    print(n["metadata"]["name"], "Ready=%s" % ready, "taints=%s" % ",".join(taints))'
+}
+
 hollow_ready() {
     local n="$1"
     api_get "/api/v1/nodes?labelSelector=autonomic.test/hollow%3Dtrue" | python3 -c '
@@ -1019,7 +1029,21 @@ cmd_hollow() {
             --kubelet-port=$((KUBELET_PORT + 100 + i)) --kubelet-read-only-port=0 \
             --node-labels=autonomic.test/hollow=true
     done
-    wait_for "hollow-0" "$TIMEOUT" hollow_ready "$n"
+    # Every hollow kubelet watched, not only the first: one that exits is named, with
+    # the end of its log (unhollow deletes the logs).
+    local deadline=$((SECONDS + TIMEOUT)) name
+    until hollow_ready "$n" >/dev/null 2>&1; do
+        for name in $(hollow_pids); do
+            pid_alive "$(cat "${PIDS}/${name}.pid")" && continue
+            tail_log "$name"
+            die "${name} exited (see ${LOGS}/${name}.log)"
+        done
+        if ((SECONDS >= deadline)); then
+            hollow_states >&2 || true
+            die "timed out after ${TIMEOUT} s waiting for ${n} hollow nodes Ready and untainted"
+        fi
+        sleep 0.2
+    done
     log "${n} hollow nodes Ready after $(elapsed "$t0") s"
 }
 
