@@ -564,6 +564,49 @@ mod tests {
         task.abort();
     }
 
+    /// A page's envelope comes before its items: the next page is asked for as soon as
+    /// the items begin, while this page is still being read, and the list is whole.
+    #[tokio::test(start_paused = true)]
+    async fn the_next_page_is_asked_for_while_this_one_is_read() {
+        let api = Arc::new(Scripted::default());
+        let first = api.answer();
+        let (store, task) = pods_loop(&api);
+        api.next_request().await;
+        let second = api.answer();
+        send(
+            &first,
+            &format!(
+                r#"{{"metadata":{{"resourceVersion":"5","continue":"c1"}},"items":[{},"#,
+                object("a", 4)
+            ),
+        );
+        let (uri, _) = tokio::time::timeout(Duration::from_secs(1), api.next_request())
+            .await
+            .expect("the next page asked for before this one ended");
+        assert!(
+            uri.contains("continue=c1") && uri.contains("limit=500"),
+            "{uri}"
+        );
+        assert!(!store.wire_synced.is_synced());
+        send(&first, &format!("{}]}}", object("b", 5)));
+        drop(first);
+        send(
+            &second,
+            &format!(
+                r#"{{"metadata":{{"resourceVersion":"5"}},"items":[{}]}}"#,
+                object("c", 5)
+            ),
+        );
+        drop(second);
+        let (uri, _) = api.next_request().await;
+        assert!(
+            uri.contains("watch=true") && uri.contains("resourceVersion=5"),
+            "{uri}"
+        );
+        assert_eq!(store.pods.count(), 3);
+        task.abort();
+    }
+
     /// A list whose answer does not start, or whose body stops, for 60 s is given up and
     /// retried after a backoff; the cache counts as synced only once one list is whole.
     #[tokio::test(start_paused = true)]
