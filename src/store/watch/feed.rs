@@ -403,6 +403,21 @@ mod tests {
         )
     }
 
+    /// Sends a list's last page, holding `item`, at version `rv`, and ends it; the watch
+    /// that follows starts from `rv`.
+    async fn last_page_then_watch(api: &Scripted, page: Chunks, rv: u32, item: &str) {
+        send(
+            &page,
+            &format!(r#"{{"metadata":{{"resourceVersion":"{rv}"}},"items":[{item}]}}"#),
+        );
+        drop(page);
+        let (uri, _) = api.next_request().await;
+        assert!(
+            uri.contains("watch=true") && uri.contains(&format!("resourceVersion={rv}")),
+            "{uri}"
+        );
+    }
+
     fn client(api: &Arc<Scripted>) -> Client {
         let api = api.clone();
         let service = tower::service_fn(move |req: Request<kube::client::Body>| {
@@ -508,19 +523,7 @@ mod tests {
             "{uri}"
         );
         let rewatch = api.answer();
-        send(
-            &relist,
-            &format!(
-                r#"{{"metadata":{{"resourceVersion":"12"}},"items":[{}]}}"#,
-                object("a", 12)
-            ),
-        );
-        drop(relist);
-        let (uri, _) = api.next_request().await;
-        assert!(
-            uri.contains("watch=true") && uri.contains("resourceVersion=12"),
-            "{uri}"
-        );
+        last_page_then_watch(&api, relist, 12, &object("a", 12)).await;
         assert_eq!(*removed.lock().unwrap(), ["b"]);
         let a = store.agents.get("ns", "a").unwrap();
         assert_eq!(a.metadata.resource_version.as_deref(), Some("12"));
@@ -590,19 +593,7 @@ mod tests {
         assert!(!store.wire_synced.is_synced());
         send(&first, &format!("{}]}}", object("b", 5)));
         drop(first);
-        send(
-            &second,
-            &format!(
-                r#"{{"metadata":{{"resourceVersion":"5"}},"items":[{}]}}"#,
-                object("c", 5)
-            ),
-        );
-        drop(second);
-        let (uri, _) = api.next_request().await;
-        assert!(
-            uri.contains("watch=true") && uri.contains("resourceVersion=5"),
-            "{uri}"
-        );
+        last_page_then_watch(&api, second, 5, &object("c", 5)).await;
         assert_eq!(store.pods.count(), 3);
         task.abort();
     }
