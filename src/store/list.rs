@@ -59,13 +59,19 @@ pub enum ListError {
     Malformed(&'static str),
 }
 
-/// A request under way on a task of its own, aborted when dropped unanswered (the list
-/// failed, or ended without the page asked for ahead).
-struct Asked<T>(tokio::task::JoinHandle<T>);
+/// A page asked for, its request under way on a task of its own and aborted when dropped
+/// unanswered (the list failed, or ended without the page asked for ahead).
+struct Asked<T> {
+    task: tokio::task::JoinHandle<T>,
+    /// The `continue` token it was asked with.
+    token: Option<String>,
+    /// When it was asked: its answer must start within [`STALL`] of this.
+    at: tokio::time::Instant,
+}
 
 impl<T> Drop for Asked<T> {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
     }
 }
 
@@ -76,41 +82,44 @@ impl<T> Drop for Asked<T> {
 pub async fn list<K: DeserializeOwned>(
     client: &Client,
     url_path: &str,
-    mut params: ListParams,
+    params: ListParams,
     mut each: impl FnMut(K),
 ) -> Result<String, ListError> {
     let request = kube::core::Request::new(url_path);
-    let ask = |params: &ListParams| {
+    let ask = |token: Option<String>| {
+        let page = ListParams {
+            continue_token: token.clone(),
+            ..params.clone()
+        };
         let req = request
-            .list(params)
+            .list(&page)
             .map_err(|e| ListError::Api(kube::Error::BuildRequest(e)))?;
         let client = client.clone();
-        Ok::<_, ListError>(Asked(tokio::spawn(async move {
-            client.request_stream(req).await
-        })))
+        Ok::<_, ListError>(Asked {
+            task: tokio::spawn(async move { client.request_stream(req).await }),
+            token,
+            at: tokio::time::Instant::now(),
+        })
     };
-    let mut asked = ask(&params)?;
+    let mut asked = ask(params.continue_token.clone())?;
     loop {
-        // The client's own read timeout is the API server's watch length (295 s). A page
-        // asked for ahead has had the time since.
-        let body = match tokio::time::timeout(STALL, &mut asked.0).await {
+        // The client's own read timeout is the API server's watch length (295 s). The
+        // answer must start within STALL of the asking, for a page asked ahead too (an
+        // answer already in is taken, however late it is looked at).
+        let body = match tokio::time::timeout_at(asked.at + STALL, &mut asked.task).await {
             Err(_) => return Err(ListError::Stalled),
             Ok(Err(gone)) => return Err(ListError::Read(std::io::Error::other(gone))),
             Ok(Ok(body)) => body?,
         };
         futures::pin_mut!(body);
         let mut split = Splitter::default();
-        let mut ahead: Option<(String, Asked<_>)> = None;
+        let mut ahead = None;
         let mut looked = false;
         loop {
             if !looked && split.in_items {
                 looked = true;
                 if let Some(token) = split.continue_before_items() {
-                    let next = ListParams {
-                        continue_token: Some(token.clone()),
-                        ..params.clone()
-                    };
-                    ahead = Some((token, ask(&next)?));
+                    ahead = Some(ask(Some(token))?);
                 }
             }
             let chunk = match tokio::time::timeout(STALL, body.fill_buf()).await {
@@ -131,13 +140,9 @@ pub async fn list<K: DeserializeOwned>(
         match meta.continue_.filter(|c| !c.is_empty()) {
             Some(token) => {
                 asked = match ahead {
-                    Some((early, next)) if early == token => next,
-                    _ => ask(&ListParams {
-                        continue_token: Some(token.clone()),
-                        ..params.clone()
-                    })?,
+                    Some(next) if next.token.as_deref() == Some(&*token) => next,
+                    _ => ask(Some(token))?,
                 };
-                params.continue_token = Some(token);
             }
             None => {
                 return meta

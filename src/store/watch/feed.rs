@@ -598,6 +598,39 @@ mod tests {
         task.abort();
     }
 
+    /// A page asked for ahead whose answer never starts is given up 60 s after it was
+    /// asked, not 60 s after the page before it ended: the bound on an answer's start
+    /// is the same for every page.
+    #[tokio::test(start_paused = true)]
+    async fn a_page_asked_ahead_is_given_up_60_s_after_its_asking() {
+        let api = Arc::new(Scripted::default());
+        let first = api.answer();
+        let (store, task) = pods_loop(&api);
+        api.next_request().await;
+        api.never();
+        send(
+            &first,
+            r#"{"metadata":{"resourceVersion":"5","continue":"c1"},"items":["#,
+        );
+        let (uri, asked) = api.next_request().await;
+        assert!(uri.contains("continue=c1"), "{uri}");
+        let stall = crate::store::list::STALL;
+        tokio::time::sleep(stall / 2).await;
+        send(&first, &format!("{}]}}", object("a", 4)));
+        drop(first);
+        let ok = api.answer();
+        let (uri, retried) = api.next_request().await;
+        assert!(!uri.contains("continue"), "the list starts over: {uri}");
+        let waited = retried - asked;
+        assert!(
+            waited >= stall && waited <= stall + RETRY_FIRST,
+            "{waited:?}"
+        );
+        last_page_then_watch(&api, ok, 6, &object("a", 6)).await;
+        assert!(store.wire_synced.is_synced());
+        task.abort();
+    }
+
     /// A list whose answer does not start, or whose body stops, for 60 s is given up and
     /// retried after a backoff; the cache counts as synced only once one list is whole.
     #[tokio::test(start_paused = true)]
