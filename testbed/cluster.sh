@@ -994,15 +994,10 @@ for n in json.load(sys.stdin)["items"]:
     print(n["metadata"]["name"], "Ready=%s" % ready, "taints=%s" % ",".join(taints))'
 }
 
+# At least $1 hollow nodes Ready and untainted (the node-lifecycle controller removes
+# the not-ready taint once a node is Ready).
 hollow_ready() {
-    local n="$1"
-    api_get "/api/v1/nodes?labelSelector=autonomic.test/hollow%3Dtrue" | python3 -c '
-import json, sys
-items = json.load(sys.stdin)["items"]
-ready = [n for n in items
-         if {c["type"]: c["status"] for c in n["status"].get("conditions", [])}.get("Ready") == "True"
-         and not n["spec"].get("taints")]
-sys.exit(0 if len(ready) >= int(sys.argv[1]) else 1)' "$n"
+    [[ "$(hollow_states | grep -c ' Ready=True taints=$')" -ge "$1" ]]
 }
 
 # Each hollow kubelet made a root dir for its pods' volumes in /tmp (fixed there, no
