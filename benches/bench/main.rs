@@ -1485,10 +1485,7 @@ async fn empty(client: &kube::Client, ns: &str) {
     let _ = pods.delete_collection(&DeleteParams::default(), &all).await;
     let deadline = Instant::now() + Duration::from_secs(600);
     let owned = async || {
-        let listed = secrets
-            .list(&Default::default())
-            .await
-            .expect("list Secrets");
+        let listed = secrets.list(&all).await.expect("list Secrets");
         listed
             .items
             .iter()
@@ -1643,13 +1640,11 @@ async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
         eprintln!("burst: {n} Agents Active in {managed:?}");
         on_nodes(&pods, hollow).await;
         empty(&client, &ns.name).await;
+        let ratio = managed.as_secs_f64() / direct.as_secs_f64();
+        eprintln!("burst: run {run} of {runs}: ratio {ratio:.2}");
         each.push(
             json!({"direct_s": direct.as_secs_f64(), "manager_s": managed.as_secs_f64(),
-            "ratio": managed.as_secs_f64() / direct.as_secs_f64()}),
-        );
-        eprintln!(
-            "burst: run {run} of {runs}: ratio {:.2}",
-            managed.as_secs_f64() / direct.as_secs_f64()
+            "ratio": ratio}),
         );
     }
     drop(m);
