@@ -37,7 +37,7 @@ pub fn demanded(agent: &Agent) -> Vec<String> {
     if !wants_to_run(agent) {
         return Vec::new();
     }
-    let mut tools = agent.spec.tools.clone();
+    let mut tools = agent.spec.tools.to_vec();
     tools.sort();
     tools.dedup();
     tools

@@ -136,7 +136,7 @@ mod tests {
         .unwrap();
         let base = json_len(&a.spec);
         let pad = usize::try_from(size.checked_sub(base).expect("a spec that small")).unwrap();
-        a.spec.runtime.args = Some(vec!["x".repeat(pad)]);
+        a.spec.runtime.args = Some(["x".repeat(pad)].into());
         assert_eq!(json_len(&a.spec), size);
         a
     }

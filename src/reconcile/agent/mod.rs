@@ -47,14 +47,14 @@ pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, Problem> {
                 .runtimes
                 .get(&ns, name)
                 .ok_or_else(|| Problem::RuntimeNotFound {
-                    name: name.clone(),
+                    name: name.to_string(),
                     namespace: ns.clone(),
                 })?;
             problem::check_reference_size(Kind::Runtime, name, &rt.metadata)?;
             if rt.spec.image.as_deref().is_none_or(str::is_empty)
                 && agent.spec.runtime.image.is_none()
             {
-                return Err(Problem::RuntimeInvalid { name: name.clone() });
+                return Err(Problem::RuntimeInvalid { name: name.to_string() });
             }
             Some(rt)
         }
@@ -420,7 +420,7 @@ fn status_of(
     // nothing more to cut, and keeps a pod read otherwise (a test's) bounded too.
     let context_summary = pod
         .and_then(|p| p.context_summary.as_ref())
-        .map(|s| crate::text::cap_utf8(s, common::CONTEXT_SUMMARY_MAX).to_owned())
+        .map(|s| crate::text::cap_utf8(s, common::CONTEXT_SUMMARY_MAX).into())
         .or(old.context_summary.clone());
     let keeps_pod = !matches!(plan.phase, AgentPhase::Paused) && pod.is_some();
     let own = AgentStatus {
@@ -442,7 +442,7 @@ fn status_of(
 
 /// The Memories the Agent references, as resolved; the ones its status holds when they
 /// do not resolve.
-fn memory_refs(agent: &Agent, refs: &Result<Refs, Problem>) -> Vec<MemoryRef> {
+fn memory_refs(agent: &Agent, refs: &Result<Refs, Problem>) -> Box<[MemoryRef]> {
     let Ok(refs) = refs else {
         return agent
             .status
@@ -733,7 +733,7 @@ mod tests {
         let max = 1024;
         let ctx = context(crate::store::Store::with_max_spec_bytes(max));
         let mut big = agent(BASE);
-        big.spec.runtime.args = Some(vec!["x".repeat(2000)]);
+        big.spec.runtime.args = Some(["x".repeat(2000)].into());
         let bytes = serde_json::to_vec(&big.spec).unwrap().len();
         let stub = ctx.store.agents.insert(big);
         let why = resolve(&stub, &ctx)

@@ -76,7 +76,7 @@ fn build(
     let mut pod_spec = PodSpec {
         containers: vec![agentlet, runtime_container],
         restart_policy: Some(spec.restart_policy.as_str().into()),
-        service_account_name: spec.service_account_name.clone(),
+        service_account_name: spec.service_account_name.as_deref().map(str::to_owned),
         security_context: Some(common::restricted_pod_security()),
         volumes: Some(vec![Volume {
             name: "autonomic-config".into(),
@@ -119,13 +119,14 @@ fn runtime_container(
     let image = spec
         .runtime
         .image
-        .clone()
-        .or_else(|| tpl.and_then(|t| t.image.clone()))
+        .as_deref()
+        .or_else(|| tpl.and_then(|t| t.image.as_deref()))
+        .map(str::to_owned)
         .filter(|i| !i.trim().is_empty())
         .ok_or(Problem::NoRuntimeImage)?;
     // The override replaces the template's entry of the same name; order is kept.
     let mut env: Vec<EnvVar> = tpl.and_then(|t| t.env.clone()).unwrap_or_default();
-    for e in spec.runtime.env.iter().flatten() {
+    for e in spec.runtime.env.as_deref().unwrap_or_default() {
         match env.iter_mut().find(|x| x.name == e.name) {
             Some(x) => *x = e.clone(),
             None => env.push(e.clone()),
@@ -137,12 +138,14 @@ fn runtime_container(
         command: spec
             .runtime
             .command
-            .clone()
+            .as_deref()
+            .map(<[String]>::to_vec)
             .or_else(|| tpl.and_then(|t| t.command.clone())),
         args: spec
             .runtime
             .args
-            .clone()
+            .as_deref()
+            .map(<[String]>::to_vec)
             .or_else(|| tpl.and_then(|t| t.args.clone())),
         env: (!env.is_empty()).then_some(env),
         resources: (spec.runtime.resources.as_deref().cloned())
@@ -165,8 +168,9 @@ fn agentlet_container(
         .spec
         .agentlet
         .image
-        .clone()
-        .or_else(|| defaults.image.map(str::to_owned))
+        .as_deref()
+        .or(defaults.image)
+        .map(str::to_owned)
         .filter(|i| !i.trim().is_empty())
         .ok_or(Problem::NoAgentletImage)?;
     let field_env = |name: &str, path: &str| EnvVar {
