@@ -24,8 +24,9 @@ fn phase(a: &Agent) -> Option<AgentPhase> {
 fn message(a: &Agent) -> String {
     a.status
         .as_ref()
-        .and_then(|s| s.message.clone())
+        .and_then(|s| s.message.as_deref())
         .unwrap_or_default()
+        .to_owned()
 }
 
 #[tokio::test]

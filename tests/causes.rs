@@ -291,7 +291,7 @@ async fn a_runtime_edit_rolls_at_most_roll_max_agents_at_once() {
                             .message
                             .clone()
                             .unwrap_or_default();
-                        assert_eq!(msg, "spec changed: waiting to roll (5 at a time)");
+                        assert_eq!(&*msg, "spec changed: waiting to roll (5 at a time)");
                         saw.store(true, std::sync::atomic::Ordering::Relaxed);
                     }
                 }

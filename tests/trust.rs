@@ -335,8 +335,10 @@ async fn the_managers_own_service_account_is_never_lent_even_when_offered() {
     })
     .await;
     assert_eq!(
-        a.status.unwrap().message.unwrap(),
-        format!("ServiceAccount {own:?} is the manager's own: never lent to agents")
+        a.status.unwrap().message.as_deref(),
+        Some(&*format!(
+            "ServiceAccount {own:?} is the manager's own: never lent to agents"
+        ))
     );
     let pods: Api<Pod> = ns.api();
     assert!(pods.get_opt("thief").await.unwrap().is_none());

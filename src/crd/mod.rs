@@ -218,8 +218,9 @@ macro_rules! phase_status {
             ) {
                 self.observed_generation = generation;
                 self.phase = Some(phase);
-                self.message = Some(message);
-                self.conditions = conditions;
+                // An Agent's are boxed (`crd::agent`), the other kinds' are not.
+                self.message = Some(message.into());
+                self.conditions = conditions.into();
             }
         }
     )*};

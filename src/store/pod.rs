@@ -21,10 +21,10 @@ pub struct PodView {
     /// the heap holds eleven entries however few it has: half a kilobyte a pod).
     pub metadata: ObjectMeta,
     /// The `autonomic.sh/spec-hash` annotation: what the pod was built from.
-    pub spec_hash: Option<String>,
+    pub spec_hash: Option<Box<str>>,
     /// The `autonomic.sh/context-summary` annotation, which the agent may set, cut to
     /// [`CONTEXT_SUMMARY_MAX`] bytes when read (TRUST.md §3).
-    pub context_summary: Option<String>,
+    pub context_summary: Option<Box<str>>,
     pub spec: Option<PodViewSpec>,
     pub status: Option<PodViewStatus>,
 }
@@ -53,16 +53,10 @@ impl From<Served> for PodView {
             let keep = crate::text::cap_utf8(&s, CONTEXT_SUMMARY_MAX).len();
             s.truncate(keep);
             // What was cut goes back to the allocator, not only out of sight.
-            s.shrink_to_fit();
-            s
+            s.into_boxed_str()
         });
-        if let Some(status) = p.status.as_mut() {
-            super::cache::fit(&mut status.container_statuses);
-            super::cache::fit(&mut status.init_container_statuses);
-            super::cache::fit(&mut status.conditions);
-        }
         PodView {
-            spec_hash: annotations.remove(SPEC_HASH),
+            spec_hash: annotations.remove(SPEC_HASH).map(String::into_boxed_str),
             context_summary,
             metadata: p.metadata,
             spec: p.spec,
@@ -74,22 +68,22 @@ impl From<Served> for PodView {
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PodViewSpec {
-    pub node_name: Option<String>,
+    pub node_name: Option<Box<str>>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PodViewStatus {
-    pub phase: Option<String>,
-    pub reason: Option<String>,
-    pub message: Option<String>,
+    pub phase: Option<Box<str>>,
+    pub reason: Option<Box<str>>,
+    pub message: Option<Box<str>>,
     pub start_time: Option<Time>,
     /// Only a `PodScheduled` condition that is not true: the one condition the manager
     /// reads (why a pod is unschedulable). A running pod has four or five more.
     #[serde(default, deserialize_with = "unscheduled_only")]
-    pub conditions: Option<Vec<PodCondition>>,
-    pub container_statuses: Option<Vec<ContainerView>>,
-    pub init_container_statuses: Option<Vec<ContainerView>>,
+    pub conditions: Option<Box<[PodCondition]>>,
+    pub container_statuses: Option<Box<[ContainerView]>>,
+    pub init_container_statuses: Option<Box<[ContainerView]>>,
 }
 
 /// One container's status: its name, readiness, restarts and state.
@@ -106,12 +100,12 @@ pub struct ContainerView {
 
 fn unscheduled_only<'de, D: Deserializer<'de>>(
     d: D,
-) -> Result<Option<Vec<PodCondition>>, D::Error> {
+) -> Result<Option<Box<[PodCondition]>>, D::Error> {
     let conditions: Option<Vec<PodCondition>> = Option::deserialize(d)?;
     Ok(conditions
         .map(|mut c| {
             c.retain(|c| c.type_ == "PodScheduled" && c.status != "True");
-            c
+            c.into_boxed_slice()
         })
         .filter(|c| !c.is_empty()))
 }
@@ -158,9 +152,7 @@ pub fn pod_health(pod: &PodView) -> Health {
                 Some("Evicted") => Reason::Evicted,
                 _ => Reason::PodFailed,
             };
-            let why = status
-                .reason
-                .clone()
+            let why = (status.reason.as_deref().map(str::to_owned))
                 .or_else(|| terminated_reason(pod))
                 .unwrap_or_else(|| "pod failed".into());
             return Health::Failed(reason, why);
@@ -386,7 +378,6 @@ mod tests {
         let huge = format!("a{}", "é".repeat(125 << 10));
         let cut = served(&huge).context_summary.unwrap();
         assert_eq!(cut.len(), CONTEXT_SUMMARY_MAX - 1);
-        assert!(huge.starts_with(&cut));
-        assert_eq!(cut.capacity(), cut.len());
+        assert!(huge.starts_with(&*cut));
     }
 }

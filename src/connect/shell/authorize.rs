@@ -100,8 +100,8 @@ fn running_pod(store: &Store, t: &IoTarget) -> Result<String, String> {
     let pod_name = agent
         .status
         .as_ref()
-        .and_then(|s| s.pod_name.clone())
-        .unwrap_or_else(|| t.agent.clone());
+        .and_then(|s| s.pod_name.as_deref())
+        .map_or_else(|| t.agent.clone(), str::to_owned);
     let pod = store
         .owned_pod(&t.namespace, &pod_name, agent.metadata.uid.as_deref())
         .ok_or_else(|| format!("agent {}/{} has no pod of its own", t.namespace, t.agent))?;

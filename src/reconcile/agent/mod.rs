@@ -54,7 +54,9 @@ pub fn resolve(agent: &Agent, ctx: &Context) -> Result<Refs, Problem> {
             if rt.spec.image.as_deref().is_none_or(str::is_empty)
                 && agent.spec.runtime.image.is_none()
             {
-                return Err(Problem::RuntimeInvalid { name: name.to_string() });
+                return Err(Problem::RuntimeInvalid {
+                    name: name.to_string(),
+                });
             }
             Some(rt)
         }
@@ -424,7 +426,7 @@ fn status_of(
         .or(old.context_summary.clone());
     let keeps_pod = !matches!(plan.phase, AgentPhase::Paused) && pod.is_some();
     let own = AgentStatus {
-        pod_name: keeps_pod.then(|| agent.name_any()),
+        pod_name: keeps_pod.then(|| agent.name_any().into()),
         started_at: pod.and_then(|p| p.status.as_ref()?.start_time.clone()),
         memory_refs: memory_refs(agent, refs),
         context_summary,
