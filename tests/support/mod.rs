@@ -15,6 +15,7 @@ pub mod own_bed;
 pub mod pki;
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -558,6 +559,19 @@ impl Manager {
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file);
+        // A test or bench killed before `Drop` runs must not leave its manager behind:
+        // one such ran for 71 minutes beside later runs, redialling a closed port. The
+        // manager gets SIGKILL when the thread that started it ends (a test's thread, or
+        // a runtime's worker thread: both live as long as the process).
+        // SAFETY: between fork and exec this calls prctl alone, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(
+                || match libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                },
+            );
+        }
         let child = cmd.spawn().expect("spawn autonomic-manager");
         let mut m = Manager {
             child,
