@@ -522,7 +522,10 @@ async fn manager_creates(
     let other = TestNamespace::new(client, "bench-other").await;
     let mut env = managed_env(&cp);
     env.push(("AUTONOMIC_NAMESPACES", format!("{ns},{}", other.name)));
-    let m = start_with(ns, &env);
+    // A log of its own: the fresh managers started on the same namespace next would
+    // write over it (the 100 000 burst's long waits need it).
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let m = Manager::start_as(ns, &format!("{ns}-burst-{}", range.start), &pairs);
     m.wait_ready().await;
     let before = api_requests(client).await;
     let pods = count_pods(Api::namespaced(client.clone(), ns), n);
@@ -618,9 +621,12 @@ async fn changes_during(
     });
     let mut pod_ms = Vec::new();
     let mut delta_ms = Vec::new();
+    // When each change was made, to find a long wait in the manager's and the bed's logs.
+    let mut made_at = Vec::new();
     tokio::time::sleep(Duration::from_secs(1)).await;
     while !finished.load(Relaxed) {
         let name = format!("lone-{}", pod_ms.len());
+        made_at.push(k8s_openapi::jiff::Timestamp::now().to_string());
         let t0 = Instant::now();
         agents
             .create(&PostParams::default(), &agent_object(&name))
@@ -637,6 +643,7 @@ async fn changes_during(
         "changes": pod_ms.len(),
         "pod_ms": pod_ms,
         "delta_ms": delta_ms,
+        "made_at": made_at,
     });
     eprintln!("changes in another namespace during the burst: {out}");
     out
