@@ -221,8 +221,14 @@ fn start_manager(ns: &str, cp: &FakeCp) -> Manager {
 
 /// The manager watching `ns` (unless `env` names its namespaces), with `env`.
 fn start_with(ns: &str, env: &[(&'static str, String)]) -> Manager {
+    start_logged(ns, ns, env)
+}
+
+/// Like [`start_with`], logging to `<log>.log`: for managers that must not write over
+/// another's log.
+fn start_logged(ns: &str, log: &str, env: &[(&'static str, String)]) -> Manager {
     let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    Manager::start(ns, &pairs)
+    Manager::start_as(ns, log, &pairs)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -524,8 +530,7 @@ async fn manager_creates(
     env.push(("AUTONOMIC_NAMESPACES", format!("{ns},{}", other.name)));
     // A log of its own: the fresh managers started on the same namespace next would
     // write over it (the 100 000 burst's long waits need it).
-    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let m = Manager::start_as(ns, &format!("{ns}-burst-{}", range.start), &pairs);
+    let m = start_logged(ns, &format!("{ns}-burst-{}", range.start), &env);
     m.wait_ready().await;
     let before = api_requests(client).await;
     let pods = count_pods(Api::namespaced(client.clone(), ns), n);
@@ -885,8 +890,7 @@ async fn failover(ns: &str, n: usize) -> Value {
             ("POD_NAMESPACE", ns.to_owned()),
             ("POD_NAME", pod.to_owned()),
         ]);
-        let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        Manager::start_as(ns, &format!("{ns}-failover-{pod}"), &pairs)
+        start_logged(ns, &format!("{ns}-failover-{pod}"), &env)
     };
     let mut a = replica("a");
     // At 100 000 Agents a start's lists take longer than the fake control plane's own wait.
