@@ -31,6 +31,8 @@ pub mod internals {
     pub use crate::protocol::wire::{Form, all as wire_forms, snapshot_text};
     pub use crate::reconcile::agent::{AgentletDefaults, desired_pod as agent_pod};
     pub use crate::reconcile::tool::{IDLE, desired_pod as tool_pod};
+    pub use crate::store::list::{Listed, list};
+    pub use crate::store::proto::ACCEPT as PROTOBUF_ACCEPT;
     pub use crate::store::{PodView, SecretView, Store, trim};
 }
 

@@ -164,6 +164,77 @@ async fn condition_and_event_reasons_say_the_cause() {
             .any(|(t, r)| t == "Normal" && r == "Running")
     })
     .await;
+    pods_read_the_same_from_json_and_protobuf(&client, &ns).await;
+}
+
+/// The pods of these causes (running, waiting on a pull, unschedulable), listed as the
+/// manager lists them (protobuf) and as JSON, are the same `PodView`s: the protobuf
+/// reader skips nothing the manager reads and reads nothing JSON leaves out.
+async fn pods_read_the_same_from_json_and_protobuf(client: &kube::Client, ns: &TestNamespace) {
+    use autonomic_manager::internals::{PROTOBUF_ACCEPT, PodView, list, trim};
+    let path = format!("/api/v1/namespaces/{}/pods", ns.name);
+    // The API server answers the manager's Accept with protobuf.
+    let mut req = kube::core::Request::new(&path)
+        .list(&Default::default())
+        .unwrap();
+    req.headers_mut()
+        .insert("accept", PROTOBUF_ACCEPT.parse().unwrap());
+    let res = client.send(req.map(Into::into)).await.unwrap();
+    assert_eq!(
+        res.headers()["content-type"],
+        "application/vnd.kubernetes.protobuf"
+    );
+    let by_name = |pods: Vec<PodView>| -> BTreeMap<String, PodView> {
+        pods.into_iter()
+            .map(|mut p| {
+                trim(&mut p);
+                (p.name_any(), p)
+            })
+            .collect()
+    };
+    // A pod may change between the two lists: those whose versions differ are listed
+    // again.
+    for _ in 0..20 {
+        let json = by_name(
+            ns.api::<PodView>()
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items,
+        );
+        let mut read = Vec::new();
+        list(client, &path, Default::default(), |p: PodView| read.push(p))
+            .await
+            .unwrap();
+        let protobuf = by_name(read);
+        let version = |m: &BTreeMap<String, PodView>| -> Vec<_> {
+            m.values().map(|p| p.resource_version()).collect()
+        };
+        if version(&json) != version(&protobuf) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        assert_eq!(json, protobuf);
+        let status = |name: &str| json[name].status.clone().unwrap();
+        // What the comparison covers: a running container, a waiting one, and the
+        // unscheduled condition.
+        let running = status("lost").container_statuses.unwrap();
+        assert!(
+            running
+                .iter()
+                .any(|c| c.state.as_ref().unwrap().running.is_some())
+        );
+        assert!(status("lost").start_time.is_some());
+        let waiting = status("ghost").container_statuses.unwrap();
+        assert!(
+            waiting
+                .iter()
+                .any(|c| c.state.as_ref().unwrap().waiting.is_some())
+        );
+        assert!(status("stuck").conditions.is_some());
+        return;
+    }
+    panic!("the pods kept changing between the two lists");
 }
 
 /// Whether a pod is Ready, as the kubelet says it.

@@ -5,10 +5,11 @@
 //! Layers: `crd` ← `store` ← `reconcile` ← `connect`; nothing here writes to the cluster.
 
 mod cache;
-mod list;
+pub(crate) mod list;
 mod namespace;
 mod offer;
 mod pod;
+pub(crate) mod proto;
 mod secret;
 mod spec;
 pub mod watch;

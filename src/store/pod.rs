@@ -38,12 +38,12 @@ const CONTEXT_SUMMARY: &str = "autonomic.sh/context-summary";
 /// anyone who may label a pod as ours may set them.
 pub const CONTEXT_SUMMARY_MAX: usize = 4096;
 
-/// A pod as served, read into [`PodView`].
-#[derive(Deserialize)]
-struct Served {
-    metadata: ObjectMeta,
-    spec: Option<PodViewSpec>,
-    status: Option<PodViewStatus>,
+/// A pod as served (as JSON, or as protobuf by `super::proto`), read into [`PodView`].
+#[derive(Default, Deserialize)]
+pub(super) struct Served {
+    pub metadata: ObjectMeta,
+    pub spec: Option<PodViewSpec>,
+    pub status: Option<PodViewStatus>,
 }
 
 impl From<Served> for PodView {
@@ -102,12 +102,13 @@ fn unscheduled_only<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Box<[PodCondition]>>, D::Error> {
     let conditions: Option<Vec<PodCondition>> = Option::deserialize(d)?;
-    Ok(conditions
-        .map(|mut c| {
-            c.retain(|c| c.type_ == "PodScheduled" && c.status != "True");
-            c.into_boxed_slice()
-        })
-        .filter(|c| !c.is_empty()))
+    Ok(conditions.and_then(unscheduled))
+}
+
+/// Of a pod's conditions, a `PodScheduled` that is not true, if any.
+pub(super) fn unscheduled(mut conditions: Vec<PodCondition>) -> Option<Box<[PodCondition]>> {
+    conditions.retain(|c| c.type_ == "PodScheduled" && c.status != "True");
+    Some(conditions.into_boxed_slice()).filter(|c| !c.is_empty())
 }
 
 /// Container waiting reasons that mean the pod will not come up without a change, and

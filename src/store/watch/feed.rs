@@ -9,11 +9,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::{Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
 
 use crate::backoff::{Backoff, system_random};
 use crate::store::cache::{Slot, slot, slot_of};
-use crate::store::list::PAGE;
+use crate::store::list::{Listed, PAGE};
 use crate::store::{Cache, OFFER_SELECTOR, Store};
 
 /// A watch request's server-side timeout; a stream that brings nothing (no event, no
@@ -119,8 +118,9 @@ fn expired_or_failed(s: &kube::core::Status) -> End {
     }
 }
 
-/// Feeds one cache from one source for good: lists (the first time from the API
-/// server's watch cache, whole; after 410 Gone from etcd, in pages), then watches from
+/// Feeds one cache from one source for good: lists (the first time, for the custom
+/// resources and pods, from the API server's watch cache, whole; otherwise from etcd,
+/// in pages), then watches from
 /// the list's version, resuming after each end, stall or failure (with backoff) and
 /// listing again on 410. `on_change` runs for every change, in order, with `true` for a
 /// removal; a list's objects are upserted as they arrive and what it did not bring is
@@ -137,14 +137,7 @@ pub(super) fn drive<K>(
     on_change: impl Fn(&K, bool) + Send + Sync,
 ) -> impl Future<Output = ()> + Send
 where
-    K: Resource<DynamicType = ()>
-        + ResourceExt
-        + Clone
-        + DeserializeOwned
-        + Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Resource<DynamicType = ()> + ResourceExt + Clone + Listed + Debug + Send + Sync + 'static,
 {
     store.synced.expect();
     if wire {
@@ -196,20 +189,22 @@ struct Feed<K: 'static, F> {
 
 impl<K, F> Feed<K, F>
 where
-    K: Resource<DynamicType = ()> + ResourceExt + Clone + DeserializeOwned + Debug,
+    K: Resource<DynamicType = ()> + ResourceExt + Clone + Listed + Debug,
     F: Fn(&K, bool),
 {
     /// Lists into the cache and prunes what the list did not bring: the version to
     /// watch from, or `None` after a failure and the backoff's wait.
     async fn list(&mut self) -> Option<String> {
         let started = tokio::time::Instant::now();
-        // A custom resource's first list from the API server's watch cache, whole;
-        // built-in kinds, and every relist (the watch expired: 410), consistently
-        // from etcd, in pages (see `store::list`).
+        // The first list of a custom resource or of pods (as protobuf) from the API
+        // server's watch cache, whole, as client-go's informers list; the other built-in
+        // kinds, and every relist (the watch expired: 410), consistently from etcd, in
+        // pages (see `store::list`).
+        let whole = K::group(&()) == crate::crd::GROUP || K::PROTOBUF.is_some();
         let params = ListParams {
             label_selector: self.source.selector.clone(),
             field_selector: self.source.fields(),
-            ..if self.first_sync && K::group(&()) == crate::crd::GROUP {
+            ..if self.first_sync && whole {
                 ListParams::default().match_any()
             } else {
                 ListParams::default().limit(PAGE)
@@ -356,6 +351,8 @@ mod tests {
         /// The status of each answer, in turn; 200 when none is queued.
         statuses: Mutex<VecDeque<u16>>,
         seen: Mutex<VecDeque<(String, Instant)>>,
+        /// Each request's `Accept` header ("" when none), in turn.
+        accepts: Mutex<VecDeque<String>>,
         arrived: tokio::sync::Notify,
     }
 
@@ -426,6 +423,11 @@ mod tests {
                 let body = api.bodies.lock().unwrap().pop_front();
                 let status = api.statuses.lock().unwrap().pop_front().unwrap_or(200);
                 let uri = req.uri().to_string();
+                let accept = req.headers().get("accept").map(|a| a.to_str().unwrap());
+                api.accepts
+                    .lock()
+                    .unwrap()
+                    .push_back(accept.unwrap_or_default().into());
                 api.seen.lock().unwrap().push_back((uri, Instant::now()));
                 api.arrived.notify_waiters();
                 let body = match body {
@@ -531,25 +533,101 @@ mod tests {
         task.abort();
     }
 
-    /// The loop over every namespace's pods (a built-in kind, in the wire form) against
-    /// `api`, into a store of its own.
-    fn pods_loop(api: &Arc<Scripted>) -> (Arc<Store>, tokio::task::JoinHandle<()>) {
+    /// The loop over every namespace's Services (a built-in kind listed as JSON), gated
+    /// as the wire form's kinds are, against `api`, into a store of its own.
+    fn services_loop(api: &Arc<Scripted>) -> (Arc<Store>, tokio::task::JoinHandle<()>) {
         let store = Arc::new(Store::default());
         let source = Source::namespaced(&client(api), None, None);
-        let task = tokio::spawn(drive(source, true, store.clone(), |s| &s.pods, |_, _| {}));
+        let task = tokio::spawn(drive(
+            source,
+            true,
+            store.clone(),
+            |s| &s.services,
+            |_, _| {},
+        ));
         (store, task)
     }
 
-    /// A built-in kind's first list is paged from etcd; a list that fails is retried
+    /// Pods are asked for as protobuf: the first list whole from the watch cache, as
+    /// client-go's informers ask, read as protobuf; the relist after 410 in pages from
+    /// etcd, read as JSON when the server answers JSON (a proxy may pass JSON only).
+    #[tokio::test(start_paused = true)]
+    async fn pods_are_listed_as_protobuf_and_read_as_whatever_comes() {
+        use crate::store::proto::tests::{W, msg};
+        let api = Arc::new(Scripted::default());
+        let list = api.answer();
+        let store = Arc::new(Store::default());
+        let source = Source::namespaced(&client(&api), None, Some(MANAGED_SELECTOR));
+        let task = tokio::spawn(drive(source, true, store.clone(), |s| &s.pods, |_, _| {}));
+        let (uri, _) = api.next_request().await;
+        assert!(uri.starts_with("/api/v1/pods?"), "{uri}");
+        assert!(
+            uri.contains("resourceVersion=0") && !uri.contains("limit"),
+            "{uri}"
+        );
+        assert_eq!(
+            api.accepts.lock().unwrap().pop_front().as_deref(),
+            Some(crate::store::proto::ACCEPT)
+        );
+        let pod = |name: &[u8], rv: &[u8]| {
+            let meta = msg(&[(1, W::B(name)), (3, W::B(b"ns")), (6, W::B(rv))]);
+            msg(&[(1, W::M(meta)), (3, W::M(msg(&[(1, W::B(b"Running"))])))])
+        };
+        let items = [pod(b"a", b"4"), pod(b"b", b"5")];
+        let mut raw = msg(&[(1, W::M(msg(&[(2, W::B(b"5"))])))]);
+        for item in &items {
+            raw.extend(msg(&[(2, W::B(item))]));
+        }
+        let mut body = crate::store::proto::MAGIC.to_vec();
+        body.extend(msg(&[(2, W::M(raw))]));
+        let watch = api.answer();
+        for piece in body.chunks(5) {
+            list.unbounded_send(Ok(Frame::data(Bytes::from(piece.to_vec()))))
+                .unwrap();
+        }
+        drop(list);
+        let (uri, _) = api.next_request().await;
+        assert!(
+            uri.contains("watch=true") && uri.contains("resourceVersion=5"),
+            "{uri}"
+        );
+        assert_eq!(store.pods.count(), 2);
+        let a = store.pods.get("ns", "a").unwrap();
+        assert_eq!(a.status.as_ref().unwrap().phase.as_deref(), Some("Running"));
+
+        let relist = api.answer();
+        send(
+            &watch,
+            r#"{"type":"ERROR","object":{"kind":"Status","status":"Failure","reason":"Expired","code":410,"message":"too old resource version"}}
+"#,
+        );
+        let (uri, _) = api.next_request().await;
+        assert!(
+            uri.contains("limit=500") && !uri.contains("resourceVersion"),
+            "{uri}"
+        );
+        api.accepts.lock().unwrap().pop_front(); // the watch's
+        assert_eq!(
+            api.accepts.lock().unwrap().pop_front().as_deref(),
+            Some(crate::store::proto::ACCEPT)
+        );
+        last_page_then_watch(&api, relist, 7, &object("a", 7)).await;
+        assert_eq!(store.pods.count(), 1, "b pruned");
+        let a = store.pods.get("ns", "a").unwrap();
+        assert_eq!(a.metadata.resource_version.as_deref(), Some("7"));
+        task.abort();
+    }
+
+    /// A built-in kind's first list (but pods') is paged from etcd; a list that fails is retried
     /// after the backoff's first wait at most; the gate stays closed until one succeeds.
     #[tokio::test(start_paused = true)]
     async fn a_broken_list_is_retried_after_a_backoff() {
         let api = Arc::new(Scripted::default());
         let broken = api.answer();
-        let (store, task) = pods_loop(&api);
+        let (store, task) = services_loop(&api);
         let (uri, first) = api.next_request().await;
         // A built-in kind lists from etcd in pages, even the first time.
-        assert!(uri.starts_with("/api/v1/pods?"), "{uri}");
+        assert!(uri.starts_with("/api/v1/services?"), "{uri}");
         assert!(
             uri.contains("limit=500") && !uri.contains("resourceVersion"),
             "{uri}"
@@ -573,7 +651,7 @@ mod tests {
     async fn the_next_page_is_asked_for_while_this_one_is_read() {
         let api = Arc::new(Scripted::default());
         let first = api.answer();
-        let (store, task) = pods_loop(&api);
+        let (store, task) = services_loop(&api);
         api.next_request().await;
         let second = api.answer();
         send(
@@ -594,7 +672,7 @@ mod tests {
         send(&first, &format!("{}]}}", object("b", 5)));
         drop(first);
         last_page_then_watch(&api, second, 5, &object("c", 5)).await;
-        assert_eq!(store.pods.count(), 3);
+        assert_eq!(store.services.count(), 3);
         task.abort();
     }
 
@@ -605,7 +683,7 @@ mod tests {
     async fn a_page_asked_ahead_is_given_up_60_s_after_its_asking() {
         let api = Arc::new(Scripted::default());
         let first = api.answer();
-        let (store, task) = pods_loop(&api);
+        let (store, task) = services_loop(&api);
         api.next_request().await;
         api.never();
         send(
@@ -638,7 +716,7 @@ mod tests {
         let api = Arc::new(Scripted::default());
         api.never();
         let stalled = api.answer();
-        let (store, task) = pods_loop(&api);
+        let (store, task) = services_loop(&api);
         let (_, first) = api.next_request().await;
         let stall = crate::store::list::STALL;
         let (_, second) = tokio::time::timeout(2 * stall, api.next_request())

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Service;
 use kube::{Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
+use super::list::Listed;
 use super::{
     Cache, MANAGED_SELECTOR, NamespaceView, OFFER_SELECTOR, OfferedSecret, OfferedServiceAccount,
     PodView, SecretView, Store, controller_of,
@@ -159,7 +159,7 @@ impl Watch<'_> {
     ) where
         K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
             + Clone
-            + DeserializeOwned
+            + Listed
             + Debug
             + Send
             + Sync
@@ -177,7 +177,7 @@ impl Watch<'_> {
         cache: fn(&Store) -> &Cache<K>,
         wrap: for<'o> fn(&'o K) -> Object<'o>,
     ) where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K: Resource<DynamicType = ()> + Clone + Listed + Debug + Send + Sync + 'static,
     {
         let kind = K::kind(&());
         // The wire form reads the custom resources and pods, never Secrets, Services,
