@@ -984,16 +984,18 @@ async fn huge(n: usize) -> Value {
 }
 
 /// Row 18's reference: the two lists a start waits for, asked the way the manager asks
-/// them (`store::list`: the Agents whole from the API server's watch cache, the pods in
-/// pages of 500 from etcd), side by side, by a plain client that reads each body whole
+/// them (`store::list`: the Agents as JSON and the pods as protobuf, each whole from the
+/// API server's watch cache), side by side, by a plain client that reads each body whole
 /// and decodes nothing but a page's `continue`. The time is the API server's serving
-/// and the transfer, with none of the manager's work.
+/// and the transfer, with none of the manager's work. Then the same with the pods as
+/// JSON in pages of 500 from etcd, as the manager asked for them before it read
+/// protobuf.
 async fn plain_lists(client: &kube::Client, ns: &str) -> Value {
     #[derive(serde::Deserialize)]
     struct Page {
         metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta,
     }
-    let list = async |path: String, paged: bool| -> (Duration, usize) {
+    let list = async |path: String, paged: bool, protobuf: bool| -> (Duration, usize) {
         let t0 = Instant::now();
         let mut bytes = 0;
         let mut token: Option<String> = None;
@@ -1005,7 +1007,20 @@ async fn plain_lists(client: &kube::Client, ns: &str) -> Value {
             } else {
                 lp = lp.match_any();
             }
-            let req = kube::core::Request::new(&path).list(&lp).unwrap();
+            let mut req = kube::core::Request::new(&path).list(&lp).unwrap();
+            if protobuf {
+                let accept = autonomic_manager::internals::PROTOBUF_ACCEPT;
+                req.headers_mut().insert("accept", accept.parse().unwrap());
+                let res = client.send(req.map(Into::into)).await.expect("list");
+                assert_eq!(
+                    res.headers()["content-type"],
+                    "application/vnd.kubernetes.protobuf"
+                );
+                let body = res.into_body().collect_bytes().await.expect("list");
+                bytes += body.len();
+                assert!(!paged, "a protobuf page's token is not read here");
+                return (t0.elapsed(), bytes);
+            }
             let text = client.request_text(req).await.expect("list");
             bytes += text.len();
             let page: Page = serde_json::from_str(&text).expect("a list");
@@ -1015,18 +1030,23 @@ async fn plain_lists(client: &kube::Client, ns: &str) -> Value {
             }
         }
     };
-    let ((agents, agent_bytes), (pods, pod_bytes)) = tokio::join!(
-        list(
-            format!("/apis/autonomic.sh/v1alpha1/namespaces/{ns}/agents"),
-            false
-        ),
-        list(format!("/api/v1/namespaces/{ns}/pods"), true),
-    );
+    let agents = || format!("/apis/autonomic.sh/v1alpha1/namespaces/{ns}/agents");
+    let pods = || format!("/api/v1/namespaces/{ns}/pods");
+    let ((agents_t, agent_bytes), (pods_t, pod_bytes)) =
+        tokio::join!(list(agents(), false, false), list(pods(), false, true),);
+    let ((json_agents_t, _), (json_pods_t, json_pod_bytes)) =
+        tokio::join!(list(agents(), false, false), list(pods(), true, false),);
     let out = json!({
-        "agents_ms": ms(agents),
+        "agents_ms": ms(agents_t),
         "agents_bytes": agent_bytes,
-        "pods_ms": ms(pods),
+        "pods_ms": ms(pods_t),
         "pods_bytes": pod_bytes,
+        "pods_protobuf": true,
+        "json_paged": {
+            "agents_ms": ms(json_agents_t),
+            "pods_ms": ms(json_pods_t),
+            "pods_bytes": json_pod_bytes,
+        },
     });
     eprintln!("plain lists: {out}");
     out
