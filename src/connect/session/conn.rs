@@ -238,12 +238,17 @@ impl<S: Transport> Conn<'_, S> {
             }))
             .await;
         let bytes = sent.inspect_err(|_| self.ctx.link.snapshot_cut(written))?;
-        if self.link().snapshot_sent(bytes, started.elapsed()) {
+        let took = started.elapsed();
+        let ms = took.as_millis() as u64;
+        if self.link().snapshot_sent(bytes, took) {
+            tracing::info!(seq = self.seq, bytes, ms, "first snapshot sent");
+        } else if took > Duration::from_secs(1) {
+            // One message (PROTOCOL.md §4): the changes made meanwhile waited for it.
             tracing::info!(
                 seq = self.seq,
                 bytes,
-                ms = started.elapsed().as_millis() as u64,
-                "first snapshot sent"
+                ms,
+                "a snapshot held the link for over a second: the changes made meanwhile leave after it"
             );
         }
         // The first snapshot is out: the lists it did not need may start.
