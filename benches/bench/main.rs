@@ -1680,9 +1680,14 @@ async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
         let_hollow_kubelets_settle(hollow).await;
 
         let active = count_where(agents.clone(), n, agent_active);
+        // Where the Agents' time goes: their pods all made, all Running, then Active.
+        let made = count_where(pods.clone(), n, |_| true);
+        let up = count_where(pods.clone(), n, pod_running);
         let objs = (0..n).map(|i| agent_object(&format!("a-{i}"))).collect();
+        let t0 = Instant::now();
         let managed = created_until(&agents, objs, active, &nodes, "Agents Active").await;
-        eprintln!("burst: {n} Agents Active in {managed:?}");
+        let (made, up) = (made.await.unwrap() - t0, up.await.unwrap() - t0);
+        eprintln!("burst: {n} Agents Active in {managed:?} (pods made {made:?}, Running {up:?})");
         on_nodes(&pods, hollow).await;
         empty(&client, &ns.name).await;
         let_hollow_kubelets_settle(hollow).await;
@@ -1690,7 +1695,8 @@ async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
         eprintln!("burst: run {run} of {runs}: ratio {ratio:.2}");
         each.push(
             json!({"direct_s": direct.as_secs_f64(), "manager_s": managed.as_secs_f64(),
-            "ratio": ratio}),
+            "ratio": ratio, "pods_made_s": made.as_secs_f64(),
+            "pods_running_s": up.as_secs_f64()}),
         );
     }
     drop(m);

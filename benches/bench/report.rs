@@ -578,8 +578,18 @@ pub fn render(md: &str, files: &[String], before: &[String]) {
                 let each: Vec<String> = runs
                     .iter()
                     .map(|r| {
+                        // Where the Agents' time went, when the run recorded it.
+                        let parts = if r["pods_running_s"].is_number() {
+                            format!(
+                                " (pods made {:.1} s, Running {:.1} s)",
+                                f(&r["pods_made_s"]),
+                                f(&r["pods_running_s"])
+                            )
+                        } else {
+                            String::new()
+                        };
                         format!(
-                            "{:.1} s / {:.1} s = {:.2}",
+                            "{:.1} s{parts} / {:.1} s = {:.2}",
                             f(&r["manager_s"]),
                             f(&r["direct_s"]),
                             f(&r["ratio"])
