@@ -21,13 +21,13 @@ fn sh(cmd: &str, args: &[&str]) -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-/// The commit measured, as the results files record it when the run starts (rendering
-/// later, e.g. after a merge, must not name another commit).
 /// The date and time, to the minute, in UTC.
 pub fn now() -> String {
     sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
 }
 
+/// The commit measured, as the results files record it when the run starts (rendering
+/// later, e.g. after a merge, must not name another commit).
 pub fn commit() -> String {
     let dirty = if sh(
         "git",

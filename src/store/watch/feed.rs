@@ -393,6 +393,15 @@ mod tests {
             .unwrap();
     }
 
+    /// Ends a watch as the API server does when its version is too old: 410 Gone.
+    fn expire(watch: &Chunks) {
+        send(
+            watch,
+            r#"{"type":"ERROR","object":{"kind":"Status","status":"Failure","reason":"Expired","code":410,"message":"too old resource version"}}
+"#,
+        );
+    }
+
     /// An object as served (an Agent's spec may be empty; a pod's is not read).
     fn object(name: &str, rv: u32) -> String {
         format!(
@@ -513,11 +522,7 @@ mod tests {
         drop(watch);
 
         let relist = api.answer();
-        send(
-            &resumed,
-            r#"{"type":"ERROR","object":{"kind":"Status","status":"Failure","reason":"Expired","code":410,"message":"too old resource version"}}
-"#,
-        );
+        expire(&resumed);
         let (uri, at) = api.next_request().await;
         assert_eq!(at - listed_at, WATCH_IDLE, "the relist at once");
         assert!(
@@ -596,11 +601,7 @@ mod tests {
         assert_eq!(a.status.as_ref().unwrap().phase.as_deref(), Some("Running"));
 
         let relist = api.answer();
-        send(
-            &watch,
-            r#"{"type":"ERROR","object":{"kind":"Status","status":"Failure","reason":"Expired","code":410,"message":"too old resource version"}}
-"#,
-        );
+        expire(&watch);
         let (uri, _) = api.next_request().await;
         assert!(
             uri.contains("limit=500") && !uri.contains("resourceVersion"),
