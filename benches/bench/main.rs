@@ -1547,13 +1547,15 @@ async fn let_hollow_kubelets_settle(hollow: bool) {
 
 /// Creates `objs` at once and waits (30 min at most) for `reached`, a count already
 /// watching: the time from the first create until the count reached its target. Every
-/// 10 s meanwhile, every node `nodes` lists must be Ready: a node
-/// lost (a hollow kubelet that crashed) voids the run, which then stops at once.
+/// 10 s meanwhile, every node `nodes` lists must be Ready and no pod of `pods` may
+/// crash-loop: a node lost (a hollow kubelet that crashed) or one whose fake runtime
+/// loses its sandboxes voids the run, which then stops at once.
 async fn created_until<K>(
     api: &Api<K>,
     objs: Vec<K>,
     mut reached: tokio::task::JoinHandle<Instant>,
-    (nodes, pods): (&Api<k8s_openapi::api::core::v1::Node>, &Api<Pod>),
+    nodes: &Api<k8s_openapi::api::core::v1::Node>,
+    pods: &Api<Pod>,
     what: &str,
 ) -> Duration
 where
@@ -1700,8 +1702,7 @@ async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
             })
             .collect();
         let running = count_where(pods.clone(), n, pod_running);
-        let direct =
-            created_until(&pods, bare, running, (&nodes, &pods), "bare pods Running").await;
+        let direct = created_until(&pods, bare, running, &nodes, &pods, "bare pods Running").await;
         eprintln!("burst: {n} bare pods Running in {direct:?}");
         on_nodes(&pods, hollow).await;
         empty(&client, &ns.name).await;
@@ -1713,7 +1714,7 @@ async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
         let up = count_where(pods.clone(), n, pod_running);
         let objs = (0..n).map(|i| agent_object(&format!("a-{i}"))).collect();
         let t0 = Instant::now();
-        let managed = created_until(&agents, objs, active, (&nodes, &pods), "Agents Active").await;
+        let managed = created_until(&agents, objs, active, &nodes, &pods, "Agents Active").await;
         let (made, up) = (made.await.unwrap() - t0, up.await.unwrap() - t0);
         eprintln!("burst: {n} Agents Active in {managed:?} (pods made {made:?}, Running {up:?})");
         on_nodes(&pods, hollow).await;

@@ -477,7 +477,7 @@ fn meta_of(envelope: &[u8]) -> Option<ListMeta> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::proto::tests::{W, msg};
+    use crate::store::proto::tests::{W, list_body, msg};
 
     /// Splits `body` fed in pieces of `piece` bytes.
     fn split(body: &str, piece: usize) -> Result<(Vec<String>, ListMeta), ListError> {
@@ -535,23 +535,6 @@ mod tests {
         assert!(split(&fat, 1 << 16).is_err());
     }
 
-    /// A protobuf list's body: the magic, the envelope with `raw` the list (its metadata,
-    /// then `items`), and the envelope's trailing fields.
-    fn proto_body(meta: &[(u64, W<'_>)], items: &[&[u8]]) -> Vec<u8> {
-        let mut list = msg(&[(1, W::M(msg(meta)))]);
-        for item in items {
-            list.extend(msg(&[(2, W::B(item))]));
-        }
-        let mut body = proto::MAGIC.to_vec();
-        body.extend(msg(&[
-            (1, W::M(msg(&[(1, W::B(b"v1")), (2, W::B(b"PodList"))]))),
-            (2, W::M(list)),
-            (3, W::B(b"")),
-            (4, W::B(b"")),
-        ]));
-        body
-    }
-
     /// Splits `body` fed in pieces of `piece` bytes; the metadata's `continue` is the
     /// one known before the items ended.
     fn split_proto(body: &[u8], piece: usize) -> Result<(Vec<Vec<u8>>, ListMeta), ListError> {
@@ -573,7 +556,7 @@ mod tests {
     #[test]
     fn protobuf_items_are_split_whole_in_any_pieces() {
         let big = vec![7u8; 300];
-        let body = proto_body(
+        let body = list_body(
             &[(2, W::B(b"42")), (3, W::B(b"c1"))],
             &[b"\x0a\x01a", &big, b""],
         );
@@ -587,7 +570,7 @@ mod tests {
             assert_eq!(meta.resource_version.as_deref(), Some("42"));
             assert_eq!(meta.continue_.as_deref(), Some("c1"));
         }
-        let (items, meta) = split_proto(&proto_body(&[(2, W::B(b"7"))], &[]), 3).unwrap();
+        let (items, meta) = split_proto(&list_body(&[(2, W::B(b"7"))], &[]), 3).unwrap();
         assert!(items.is_empty());
         assert_eq!(meta.resource_version.as_deref(), Some("7"));
         assert!(matches!(Split::of(&body), Split::Proto(_)));
@@ -596,7 +579,7 @@ mod tests {
 
     #[test]
     fn broken_protobuf_bodies_are_errors_not_panics() {
-        let body = proto_body(&[(2, W::B(b"42"))], &[b"\x0a\x01a", b"\x0a\x01b"]);
+        let body = list_body(&[(2, W::B(b"42"))], &[b"\x0a\x01a", b"\x0a\x01b"]);
         // Cut anywhere in the list (the envelope's two empty fields after it may be
         // left out).
         for cut in 0..body.len() - 4 {

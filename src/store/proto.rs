@@ -468,6 +468,23 @@ pub(super) mod tests {
         out
     }
 
+    /// A protobuf list's body: the magic, the envelope with `raw` the list (its metadata,
+    /// then `items`), and the envelope's trailing fields.
+    pub(in crate::store) fn list_body(meta: &[(u64, W<'_>)], items: &[&[u8]]) -> Vec<u8> {
+        let mut list = msg(&[(1, W::M(msg(meta)))]);
+        for item in items {
+            list.extend(msg(&[(2, W::B(item))]));
+        }
+        let mut body = MAGIC.to_vec();
+        body.extend(msg(&[
+            (1, W::M(msg(&[(1, W::B(b"v1")), (2, W::B(b"PodList"))]))),
+            (2, W::M(list)),
+            (3, W::B(b"")),
+            (4, W::B(b"")),
+        ]));
+        body
+    }
+
     #[test]
     fn heads_wait_for_their_bytes_and_refuse_what_is_not_protobuf() {
         assert_eq!(head(&[]), Ok(None));

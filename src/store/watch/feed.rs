@@ -558,7 +558,7 @@ mod tests {
     /// etcd, read as JSON when the server answers JSON (a proxy may pass JSON only).
     #[tokio::test(start_paused = true)]
     async fn pods_are_listed_as_protobuf_and_read_as_whatever_comes() {
-        use crate::store::proto::tests::{W, msg};
+        use crate::store::proto::tests::{W, list_body, msg};
         let api = Arc::new(Scripted::default());
         let list = api.answer();
         let store = Arc::new(Store::default());
@@ -578,13 +578,7 @@ mod tests {
             let meta = msg(&[(1, W::B(name)), (3, W::B(b"ns")), (6, W::B(rv))]);
             msg(&[(1, W::M(meta)), (3, W::M(msg(&[(1, W::B(b"Running"))])))])
         };
-        let items = [pod(b"a", b"4"), pod(b"b", b"5")];
-        let mut raw = msg(&[(1, W::M(msg(&[(2, W::B(b"5"))])))]);
-        for item in &items {
-            raw.extend(msg(&[(2, W::B(item))]));
-        }
-        let mut body = crate::store::proto::MAGIC.to_vec();
-        body.extend(msg(&[(2, W::M(raw))]));
+        let body = list_body(&[(2, W::B(b"5"))], &[&pod(b"a", b"4"), &pod(b"b", b"5")]);
         let watch = api.answer();
         for piece in body.chunks(5) {
             list.unbounded_send(Ok(Frame::data(Bytes::from(piece.to_vec()))))
