@@ -686,6 +686,150 @@ async fn direct_creates(
     (done - t0, cpu)
 }
 
+/// What one Agent costs the API server when the manager reconciles it, as a plain
+/// client would write it: the Agent (the bench's create), then its config Secret, its
+/// pod, its status and its Event, in turn, each shaped like the manager's own for the
+/// Agent it is taken from. Made with no watch to wait for and no reconcile to run, it
+/// is the reference no manager at the same concurrency can beat on this bed: what the
+/// API server's work alone costs (issue 25's ratios).
+struct AgentWrites {
+    secret: k8s_openapi::api::core::v1::Secret,
+    pod: Pod,
+    status: Value,
+    event: k8s_openapi::api::events::v1::Event,
+}
+
+impl AgentWrites {
+    /// The writes the manager made for the Agent `name` of `ns`.
+    async fn of(client: &kube::Client, ns: &str, name: &str) -> Self {
+        let agents: Api<Agent> = Api::namespaced(client.clone(), ns);
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+        let agent = agents
+            .get(name)
+            .await
+            .expect("the Agent the writes are taken from");
+        let event = events
+            .list(&Default::default())
+            .await
+            .expect("list Events")
+            .items
+            .into_iter()
+            .find(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .expect("an Event of the Agent the writes are taken from");
+        Self {
+            secret: Api::namespaced(client.clone(), ns)
+                .get(&format!("{name}-agent"))
+                .await
+                .expect("the Agent's config Secret"),
+            pod: Api::namespaced(client.clone(), ns)
+                .get(name)
+                .await
+                .expect("the Agent's pod"),
+            status: json!({ "status": agent.status }),
+            event,
+        }
+    }
+
+    /// Makes `n` Agents' writes in `ns` ([`CONCURRENCY`] Agents created at once, as the
+    /// bench does for the manager, and [`CONCURRENCY`] of the rest in flight behind them,
+    /// as the manager's workers).
+    async fn make(&self, client: &kube::Client, ns: &str, n: usize) {
+        let agents: Api<Agent> = Api::namespaced(client.clone(), ns);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let create = async move {
+            futures::stream::iter(0..n)
+                .map(|i| {
+                    let (agents, tx) = (agents.clone(), tx.clone());
+                    async move {
+                        let a = agents
+                            .create(&PostParams::default(), &agent_object(&format!("a-{i}")))
+                            .await
+                            .expect("create an Agent");
+                        let _ = tx.send(a);
+                    }
+                })
+                .buffer_unordered(CONCURRENCY)
+                .collect::<Vec<()>>()
+                .await;
+        };
+        let made =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|a| (a, rx)) });
+        let rest = made
+            .map(|a| self.rest(client, ns, a))
+            .buffer_unordered(CONCURRENCY)
+            .collect::<Vec<()>>();
+        tokio::join!(create, rest);
+    }
+
+    /// The manager's four writes for the Agent `a`, in its order.
+    async fn rest(&self, client: &kube::Client, ns: &str, a: Agent) {
+        let name = a.name_any();
+        let owners = |m: &kube::api::ObjectMeta| {
+            let mut refs = m.owner_references.clone().unwrap_or_default();
+            for r in &mut refs {
+                r.name.clone_from(&name);
+                r.uid = a.metadata.uid.clone().expect("an Agent made has a uid");
+            }
+            Some(refs)
+        };
+        let pp = PostParams::default();
+        let mut secret = self.secret.clone();
+        secret.metadata = kube::api::ObjectMeta {
+            name: Some(format!("{name}-agent")),
+            owner_references: owners(&secret.metadata),
+            labels: secret.metadata.labels.take(),
+            ..Default::default()
+        };
+        Api::namespaced(client.clone(), ns)
+            .create(&pp, &secret)
+            .await
+            .expect("create a Secret");
+        let mut pod = self.pod.clone();
+        pod.metadata = kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            owner_references: owners(&pod.metadata),
+            labels: pod.metadata.labels.take(),
+            annotations: pod.metadata.annotations.take(),
+            ..Default::default()
+        };
+        pod.status = None;
+        let spec = pod.spec.as_mut().expect("a pod has a spec");
+        spec.node_name = None;
+        let from = self.secret.metadata.name.as_deref();
+        for s in spec
+            .volumes
+            .iter_mut()
+            .flatten()
+            .filter_map(|v| v.secret.as_mut())
+        {
+            if s.secret_name.as_deref() == from {
+                s.secret_name = secret.metadata.name.clone();
+            }
+        }
+        Api::namespaced(client.clone(), ns)
+            .create(&pp, &pod)
+            .await
+            .expect("create a pod");
+        Api::<Agent>::namespaced(client.clone(), ns)
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&self.status))
+            .await
+            .expect("write an Agent's status");
+        let mut event = self.event.clone();
+        event.metadata = kube::api::ObjectMeta {
+            name: Some(format!(
+                "{name}.{:x}",
+                k8s_openapi::jiff::Timestamp::now().as_nanosecond()
+            )),
+            ..Default::default()
+        };
+        event.regarding = Some(kube::Resource::object_ref(&a, &()));
+        Api::namespaced(client.clone(), ns)
+            .create(&pp, &event)
+            .await
+            .expect("create an Event");
+    }
+}
+
 /// Item 2 and 4 (end to end): a fresh manager on a namespace holding `n` Agents and
 /// their pods; memory while it lists, reconciles and sends the snapshot, and after.
 /// Returns the results, and the manager with its control plane still connected.
@@ -1174,12 +1318,25 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
             let requests_before = api_requests(&client).await;
             let (direct, direct_cpu) = direct_creates(&client, &direct_ns.name, &template, n).await;
             let direct_requests = per_object(&requests_before, &api_requests(&client).await, n);
+            let writes = AgentWrites::of(&client, &ns.name, "a-0").await;
+            let writes_ns = TestNamespace::new(&client, &format!("bench-writes-{n}")).await;
+            eprintln!("making {n} Agents' writes directly");
+            let counted = count_pods(writes_ns.api(), n);
+            let t0 = Instant::now();
+            writes.make(&client, &writes_ns.name, n).await;
+            let by_writes = tokio::time::timeout(Duration::from_secs(1800), counted)
+                .await
+                .expect("pods within 30 min")
+                .unwrap()
+                - t0;
             let row = json!({
                 "agents": n,
                 "concurrency": CONCURRENCY,
                 "manager_s": managed.as_secs_f64(),
                 "direct_s": direct.as_secs_f64(),
                 "ratio": direct.as_secs_f64() / managed.as_secs_f64(),
+                "writes_s": by_writes.as_secs_f64(),
+                "writes_ratio": direct.as_secs_f64() / by_writes.as_secs_f64(),
                 "requests_per_agent": created.timed,
                 "requests_settled_per_agent": created.settled,
                 "manager_requests_settled_per_agent": managers_own(&created.settled),
@@ -1191,6 +1348,7 @@ async fn bulk(sizes: &[usize], changes: usize) -> Value {
             throughput.push(row);
             // The direct pods are not needed any more: they would only load the server.
             drop(direct_ns);
+            drop(writes_ns);
         }
         // A restart right after the burst: a fresh manager on the Agents as the burst left
         // the API server (the runs below let it settle first).
@@ -1545,24 +1703,20 @@ async fn let_hollow_kubelets_settle(hollow: bool) {
     }
 }
 
-/// Creates `objs` at once and waits (30 min at most) for `reached`, a count already
+/// Makes objects at once (`make`: not begun until called here) and waits (30 min at most) for `reached`, a count already
 /// watching: the time from the first create until the count reached its target. Every
 /// 10 s meanwhile, every node `nodes` lists must be Ready and no pod of `pods` may
 /// crash-loop: a node lost (a hollow kubelet that crashed) or one whose fake runtime
 /// loses its sandboxes voids the run, which then stops at once.
-async fn created_until<K>(
-    api: &Api<K>,
-    objs: Vec<K>,
+async fn created_until(
+    make: impl Future<Output = ()>,
     mut reached: tokio::task::JoinHandle<Instant>,
     nodes: &Api<k8s_openapi::api::core::v1::Node>,
     pods: &Api<Pod>,
     what: &str,
-) -> Duration
-where
-    K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
+) -> Duration {
     let t0 = Instant::now();
-    create_all(api, objs).await;
+    make.await;
     let deadline = t0 + Duration::from_secs(1800);
     loop {
         tokio::select! {
@@ -1635,10 +1789,12 @@ async fn on_nodes(api: &Api<Pod>, hollow: bool) {
 
 /// Item 14: a burst of `n` Agents created at once until all are `Active`, against the
 /// same number of bare pods shaped like theirs (config Secret volume included) until all
-/// are `Running`, in the same run. The bare pods go first, then the Agents, each on empty
-/// nodes: the bed's real node, or (`hollow`) the hollow nodes scripts/bench adds with the
-/// real node cordoned, where a pod runs without a process (kubemark's kubelet). `runs`
-/// pairs, one after the other on the same manager; each run's figures and their medians.
+/// are `Running`, in the same run. The bare pods go first, then the Agents, then the
+/// Agents' own writes made by a plain client ([`AgentWrites`]) until their pods are
+/// `Running`, each on empty nodes: the bed's real node, or (`hollow`) the hollow nodes
+/// scripts/bench adds with the real node cordoned, where a pod runs without a process
+/// (kubemark's kubelet). `runs` such rounds, one after the other on the same manager;
+/// each run's figures and their medians.
 async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
     let client = support::client().await;
     support::require_node();
@@ -1662,6 +1818,10 @@ async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
     support::wait_for(&agents, "warm", "Active", agent_active).await;
     let template = pods.get("warm").await.unwrap();
     let secret = secrets.get("warm-agent").await.unwrap();
+    let writes = AgentWrites::of(&client, &ns.name, "warm").await;
+    // The writes' reference is made where no manager watches.
+    let writes_ns = TestNamespace::new(&client, "bench-burst-writes").await;
+    let writes_pods: Api<Pod> = writes_ns.api();
     empty(&client, &ns.name).await;
 
     // Bare pods: each with a Secret of its own (a copy of the config Secret), created
@@ -1702,7 +1862,14 @@ async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
             })
             .collect();
         let running = count_where(pods.clone(), n, pod_running);
-        let direct = created_until(&pods, bare, running, &nodes, &pods, "bare pods Running").await;
+        let direct = created_until(
+            create_all(&pods, bare),
+            running,
+            &nodes,
+            &pods,
+            "bare pods Running",
+        )
+        .await;
         eprintln!("burst: {n} bare pods Running in {direct:?}");
         on_nodes(&pods, hollow).await;
         empty(&client, &ns.name).await;
@@ -1714,18 +1881,45 @@ async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
         let up = count_where(pods.clone(), n, pod_running);
         let objs = (0..n).map(|i| agent_object(&format!("a-{i}"))).collect();
         let t0 = Instant::now();
-        let managed = created_until(&agents, objs, active, &nodes, &pods, "Agents Active").await;
+        let managed = created_until(
+            create_all(&agents, objs),
+            active,
+            &nodes,
+            &pods,
+            "Agents Active",
+        )
+        .await;
         let (made, up) = (made.await.unwrap() - t0, up.await.unwrap() - t0);
         eprintln!("burst: {n} Agents Active in {managed:?} (pods made {made:?}, Running {up:?})");
         on_nodes(&pods, hollow).await;
         empty(&client, &ns.name).await;
         let_hollow_kubelets_settle(hollow).await;
+
+        // The same writes by a plain client, in the order the manager makes them: its
+        // pods `Running` is the least the Agents' `Active` could take here.
+        let running = count_where(writes_pods.clone(), n, pod_running);
+        let by_writes = created_until(
+            writes.make(&client, &writes_ns.name, n),
+            running,
+            &nodes,
+            &writes_pods,
+            "the Agents' writes' pods Running",
+        )
+        .await;
+        eprintln!("burst: {n} Agents' writes made directly, their pods Running in {by_writes:?}");
+        on_nodes(&writes_pods, hollow).await;
+        empty(&client, &writes_ns.name).await;
+        let_hollow_kubelets_settle(hollow).await;
         let ratio = managed.as_secs_f64() / direct.as_secs_f64();
-        eprintln!("burst: run {run} of {runs}: ratio {ratio:.2}");
+        let writes_ratio = by_writes.as_secs_f64() / direct.as_secs_f64();
+        eprintln!(
+            "burst: run {run} of {runs}: ratio {ratio:.2} (the writes alone {writes_ratio:.2})"
+        );
         each.push(
             json!({"direct_s": direct.as_secs_f64(), "manager_s": managed.as_secs_f64(),
             "ratio": ratio, "pods_made_s": made.as_secs_f64(),
-            "pods_running_s": up.as_secs_f64()}),
+            "pods_running_s": up.as_secs_f64(), "writes_s": by_writes.as_secs_f64(),
+            "writes_ratio": writes_ratio}),
         );
     }
     drop(m);
@@ -1742,6 +1936,8 @@ async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
         "direct_s": median(&of("direct_s")),
         "manager_s": median(&of("manager_s")),
         "ratio": median(&of("ratio")),
+        "writes_s": median(&of("writes_s")),
+        "writes_ratio": median(&of("writes_ratio")),
         "runs": each,
     }})
 }
