@@ -14,7 +14,9 @@
 #  - cAdvisor's docker retry (5 x 1 s at every kubelet start) is shortened,
 #  - kubelet's status-manager sync tick is cut from 10 s to 1 s (a deleted pod's
 #    object went away only on that tick, 5-12 s after its containers exited),
-#  - kubemark's fake OS gets a lock (a hollow kubelet crashed on concurrent map writes).
+#  - kubemark's fake OS gets a lock (a hollow kubelet crashed on concurrent map writes),
+#  - kubemark's fake runtime listens on a socket of its own process's, not one fixed
+#    path that every hollow kubelet of the machine took over from the one before.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -160,6 +162,35 @@ if ! grep -q 'fakeOSLock.Lock()' "$fake_os"; then
 fi
 [[ "$(grep -c 'fakeOSLock.Lock()' "$fake_os")" == 3 && -f "${SRC}/pkg/kubelet/container/testing/os_lock.go" ]] ||
     die "FakeOS lock patch failed: Create, Remove and RemoveAll of $fake_os not as expected"
+
+# kubemark's hollow kubelet serves its fake container runtime on a unix socket and dials
+# it; the socket's path is fixed (/tmp/kubelet_remote.sock), as upstream runs one hollow
+# node per pod. Twelve on one machine each removed the file and listened anew, so a
+# kubelet that dialled (or redialled) after the next one started talked to that one's
+# runtime: its sandboxes were another node's, its own were "not found in pod's
+# containers", and its pods crash-looped (2 to 5 of 12 nodes in the bench's bursts);
+# one that dialled between a remove and a listen exited at start ("no such file").
+# One socket per process: /tmp/kubelet_remote_<pid>.sock.
+endpoint="${SRC}/pkg/kubelet/cri/remote/fake/endpoint.go"
+if grep -q 'defaultUnixEndpoint = "unix:///tmp/kubelet_remote.sock"' "$endpoint"; then
+    sed -n '1,/^package fake$/p' "$endpoint" >"${endpoint}.new"
+    cat >>"${endpoint}.new" <<'GO'
+
+import (
+	"fmt"
+	"os"
+)
+
+// GenerateEndpoint returns the unix socket the fake runtime serves on: one per process
+// (patched by autonomic's testbed/build-k8s.sh; upstream's is one fixed path).
+func GenerateEndpoint() (string, error) {
+	return fmt.Sprintf("unix:///tmp/kubelet_remote_%d.sock", os.Getpid()), nil
+}
+GO
+    mv -f "${endpoint}.new" "$endpoint"
+fi
+grep -q 'kubelet_remote_%d.sock' "$endpoint" ||
+    die "fake runtime endpoint patch failed: $endpoint not as expected"
 
 # ---------------------------------------------------------------- build
 ldflags="-s -w"

@@ -1001,12 +1001,14 @@ hollow_ready() {
 }
 
 # Each hollow kubelet made a root dir for its pods' volumes in /tmp (fixed there, no
-# mounts: its mounter is a fake), named in its log. Called once they are stopped.
+# mounts: its mounter is a fake) and its fake runtime's socket, both named in its log.
+# Called once they are stopped.
 hollow_remove_dirs() {
     local logs=("${LOGS}"/hollow-*.log)
     [[ -e "${logs[0]}" ]] || return 0
-    sed -n 's/.*Using \(\/tmp\/hollow-kubelet\.[0-9]*\) as root dir.*/\1/p' "${logs[@]}" |
-        xargs -r rm -rf
+    sed -n -e 's/.*Using \(\/tmp\/hollow-kubelet\.[0-9]*\) as root dir.*/\1/p' \
+        -e 's/.*\(\/tmp\/kubelet_remote_[0-9]*\.sock\).*/\1/p' "${logs[@]}" |
+        sort -u | xargs -r rm -rf
     rm -f "${logs[@]}"
 }
 

@@ -117,7 +117,8 @@ EOF
 # stale and only that binary is rebuilt.
 #   kubelet 1: status manager syncPeriod 10 s -> 1 s (kubemark's hollow kubelet too)
 #   kubemark 2: FakeOS's Create, Remove and RemoveAll under one lock
-declare -gA K8S_PATCH_LEVEL=([kubelet]=1 [kubemark]=2)
+#   kubemark 3: the fake runtime's socket one per process (/tmp/kubelet_remote_<pid>.sock)
+declare -gA K8S_PATCH_LEVEL=([kubelet]=1 [kubemark]=3)
 
 # Whether binary $1 is built and carries the current patch level.
 k8s_binary_current() {
