@@ -802,7 +802,11 @@ impl AgentWrites {
         if let Some(volumes) = spec.volumes.as_mut() {
             volumes.retain(|v| !token(&v.name));
         }
-        for c in spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten()) {
+        for c in spec
+            .containers
+            .iter_mut()
+            .chain(spec.init_containers.iter_mut().flatten())
+        {
             if let Some(mounts) = c.volume_mounts.as_mut() {
                 mounts.retain(|m| !token(&m.name));
             }
@@ -1786,6 +1790,14 @@ async fn all_ready(nodes: &Api<k8s_openapi::api::core::v1::Node>) {
     );
 }
 
+/// Between the parts of a burst run: where the pods of `pods` ran checked, their
+/// namespace emptied, and the hollow kubelets let settle.
+async fn clear(client: &kube::Client, pods: &Api<Pod>, hollow: bool) {
+    on_nodes(pods, hollow).await;
+    empty(client, pods.namespace().expect("a namespaced Api")).await;
+    let_hollow_kubelets_settle(hollow).await;
+}
+
 /// Asserts that every pod of `api` ran on a hollow node, or on none (the burst's two beds).
 async fn on_nodes(api: &Api<Pod>, hollow: bool) {
     for p in api.list(&Default::default()).await.unwrap().items {
@@ -1883,9 +1895,7 @@ async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
         )
         .await;
         eprintln!("burst: {n} bare pods Running in {direct:?}");
-        on_nodes(&pods, hollow).await;
-        empty(&client, &ns.name).await;
-        let_hollow_kubelets_settle(hollow).await;
+        clear(&client, &pods, hollow).await;
 
         let active = count_where(agents.clone(), n, agent_active);
         // Where the Agents' time goes: their pods all made, all Running, then Active.
@@ -1903,9 +1913,7 @@ async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
         .await;
         let (made, up) = (made.await.unwrap() - t0, up.await.unwrap() - t0);
         eprintln!("burst: {n} Agents Active in {managed:?} (pods made {made:?}, Running {up:?})");
-        on_nodes(&pods, hollow).await;
-        empty(&client, &ns.name).await;
-        let_hollow_kubelets_settle(hollow).await;
+        clear(&client, &pods, hollow).await;
 
         // The same writes by a plain client, in the order the manager makes them: its
         // pods `Running` is the least the Agents' `Active` could take here.
@@ -1919,9 +1927,7 @@ async fn burst(n: usize, hollow: bool, runs: usize) -> Value {
         )
         .await;
         eprintln!("burst: {n} Agents' writes made directly, their pods Running in {by_writes:?}");
-        on_nodes(&writes_pods, hollow).await;
-        empty(&client, &writes_ns.name).await;
-        let_hollow_kubelets_settle(hollow).await;
+        clear(&client, &writes_pods, hollow).await;
         let ratio = managed.as_secs_f64() / direct.as_secs_f64();
         let writes_ratio = by_writes.as_secs_f64() / direct.as_secs_f64();
         eprintln!(

@@ -580,24 +580,20 @@ pub fn render(md: &str, files: &[String], before: &[String]) {
                     .iter()
                     .map(|r| {
                         // Where the Agents' time went, when the run recorded it.
-                        let parts = if r["pods_running_s"].is_number() {
+                        let parts = recorded(r, "pods_running_s", |r| {
                             format!(
                                 " (pods made {:.1} s, Running {:.1} s)",
                                 f(&r["pods_made_s"]),
                                 f(&r["pods_running_s"])
                             )
-                        } else {
-                            String::new()
-                        };
-                        let alone = if r["writes_s"].is_number() {
+                        });
+                        let alone = recorded(r, "writes_s", |r| {
                             format!(
                                 "; the writes alone {:.1} s = {:.2}",
                                 f(&r["writes_s"]),
                                 f(&r["writes_ratio"])
                             )
-                        } else {
-                            String::new()
-                        };
+                        });
                         format!(
                             "{:.1} s{parts} / {:.1} s = {:.2}{alone}",
                             f(&r["manager_s"]),
@@ -710,21 +706,22 @@ pub fn render(md: &str, files: &[String], before: &[String]) {
     if !throughput.is_empty() {
         let _ = writeln!(
             s,
-            "\n**Reconcile throughput** ({} creates in flight for each; the Agents' writes: the Agent, then its Secret, pod, status and Event, made by a plain client without a manager, the most a manager's four writes per Agent allow here):\n\n| Agents | Manager: Agents → pods | Direct: pods | Ratio (direct / manager) | The Agents' writes alone → pods | Ratio (direct / writes) |\n|---|---|---|---|---|---|",
+            "\n**Reconcile throughput** ({} creates in flight for each; the Agents' writes: the Agent, then its Secret, pod, status and Event, made by a plain client without a manager, the most a manager's four writes per Agent allow here):\n\n| Agents | Manager: Agents → pods | Direct: pods | Ratio (direct / manager) | The Agents' writes alone → pods | Ratio (direct / writes) | Manager / writes |\n|---|---|---|---|---|---|---|",
             throughput[0]["concurrency"]
         );
         for t in &throughput {
-            let (alone, bound) = if t["writes_s"].is_number() {
+            let (alone, bound, against) = if t["writes_s"].is_number() {
                 (
                     format!("{:.1} s", f(&t["writes_s"])),
                     format!("{:.2}", f(&t["writes_ratio"])),
+                    format!("{:.2}", f(&t["manager_s"]) / f(&t["writes_s"])),
                 )
             } else {
-                ("not run".into(), String::new())
+                ("not run".into(), String::new(), String::new())
             };
             let _ = writeln!(
                 s,
-                "| {} | {:.1} s | {:.1} s | {:.2} | {alone} | {bound} |",
+                "| {} | {:.1} s | {:.1} s | {:.2} | {alone} | {bound} | {against} |",
                 t["agents"],
                 f(&t["manager_s"]),
                 f(&t["direct_s"]),
@@ -945,14 +942,23 @@ fn huge(s: &mut String, h: &Value) {
 }
 
 /// The reference of the Agents' writes made by a plain client (`writes_s`), when the run
-/// has it: "; the Agents' writes alone (...): N s (ratio R)".
+/// has it: their time, its ratio to the direct pods', and the manager's time against it.
 fn writes(r: &Value, until: &str) -> String {
-    if !r["writes_s"].is_number() {
-        return String::new();
+    recorded(r, "writes_s", |r| {
+        format!(
+            "; the Agents' own writes made directly, no manager ({until}): {:.1} s (ratio {:.2}; the manager's time {:.2}× theirs)",
+            f(&r["writes_s"]),
+            f(&r["writes_ratio"]),
+            f(&r["manager_s"]) / f(&r["writes_s"])
+        )
+    })
+}
+
+/// `text(r)` when the run recorded `key` (a results file of an older bench has not).
+fn recorded(r: &Value, key: &str, text: impl Fn(&Value) -> String) -> String {
+    if r[key].is_number() {
+        text(r)
+    } else {
+        String::new()
     }
-    format!(
-        "; the Agents' own writes made directly, no manager ({until}): {:.1} s (ratio {:.2})",
-        f(&r["writes_s"]),
-        f(&r["writes_ratio"])
-    )
 }
